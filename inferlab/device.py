@@ -1,0 +1,136 @@
+"""Which device a lab runs on, and the sizes that fit it.
+
+One notebook runs everywhere: on the 2-core CPU of CI in seconds, on a Colab T4 and on a large
+data-centre GPU. ``choose_profile()`` looks at the machine and returns a ``Profile`` whose fields
+the labs read their sizes from; set the environment variable ``INFERLAB_PROFILE`` to one of
+``PROFILES`` to force a choice (tests use ``cpu``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes for one class of device. Every lab takes its sizes from here."""
+
+    name: str
+    device: str           # "cpu" or "cuda"
+    dtype: torch.dtype    # the dtype the labs compute in
+    model: str            # a row of data/models.csv: the model the generation labs run
+    decode_model: str     # a larger row for timing decode against the bandwidth floor
+    probe_bytes: int      # size of the buffer the bandwidth probe copies
+    matmul_n: int         # side of the square matmul the FLOP/s probe runs
+    sweep_dim: int        # side of the weight matrix in the GEMV-to-GEMM sweep
+    max_batch: int        # largest batch in sweeps
+    max_context: int      # longest context the labs generate to
+    decode_tokens: int    # tokens to generate when timing decode
+    min_run_time: float   # seconds each timing runs for (torch.utils.benchmark)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"Profile.device must be 'cpu' or 'cuda', not {self.device!r}")
+        for field in ("probe_bytes", "matmul_n", "sweep_dim", "max_batch", "max_context",
+                      "decode_tokens"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"Profile.{field} must be positive, got {getattr(self, field)}")
+
+    def scaled(self, **changes) -> "Profile":
+        """A copy with some fields changed, e.g. ``profile.scaled(max_batch=64)``."""
+        return replace(self, **changes)
+
+
+PROFILES: dict[str, Profile] = {
+    "cpu": Profile("cpu", "cpu", torch.float32, "tiny", "small", probe_bytes=256 * 2**20, matmul_n=1024,
+                   sweep_dim=4096, max_batch=256, max_context=2048, decode_tokens=16,
+                   min_run_time=0.2),
+    "small-gpu": Profile("small-gpu", "cuda", torch.float16, "small", "medium", probe_bytes=1 * 2**30,
+                         matmul_n=8192, sweep_dim=8192, max_batch=1024, max_context=4096,
+                         decode_tokens=64, min_run_time=0.5),
+    "large-gpu": Profile("large-gpu", "cuda", torch.bfloat16, "small", "llama-2-7b",
+                         probe_bytes=4 * 2**30, matmul_n=8192, sweep_dim=8192, max_batch=2048,
+                         max_context=4096, decode_tokens=64, min_run_time=0.5),
+}
+
+# A GPU with less memory than this gets the small profile (a T4 has 16 GB, an L4 24 GB).
+_LARGE_GPU_MIN_BYTES = 40 * 10**9
+
+
+def get_profile(name: str) -> Profile:
+    """The named profile; an unknown name lists the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}") from None
+
+
+def choose_profile(device: str | None = None) -> Profile:
+    """The profile for this machine (or for ``device``: "cpu" or "cuda").
+
+    ``INFERLAB_PROFILE`` overrides the choice. A GPU with at least 40 GB gets ``large-gpu``, a
+    smaller one ``small-gpu``; ``small-gpu`` computes in float16 because a T4 has no bfloat16.
+    """
+    forced = os.environ.get("INFERLAB_PROFILE")
+    if forced:
+        return get_profile(forced)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return PROFILES["cpu"]
+    if device != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; "
+                           "pass device='cpu' (or leave device unset)")
+    total = torch.cuda.get_device_properties(0).total_memory
+    return PROFILES["large-gpu" if total >= _LARGE_GPU_MIN_BYTES else "small-gpu"]
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from a dtype or its name ("float32", "float16", "bfloat16")."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+        raise ValueError(f"dtype {dtype} is not supported; use one of {sorted(_DTYPES)}")
+    try:
+        return _DTYPES[str(dtype).removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def supported_dtypes(device: str) -> list[torch.dtype]:
+    """The dtypes the course computes in on ``device``.
+
+    The CPU gets float32 and bfloat16 (float16 matmuls on a CPU are emulated and very slow);
+    a GPU gets float16, float32, and bfloat16 where the GPU has it (a T4 does not).
+    """
+    if device == "cpu":
+        return [torch.float32, torch.bfloat16]
+    if device == "cuda":
+        dtypes = [torch.float32, torch.float16]
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False):
+            dtypes.append(torch.bfloat16)
+        return dtypes
+    raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+
+
+def check_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """``dtype`` as a torch dtype if ``device`` supports it, else a ValueError naming the options."""
+    dtype = parse_dtype(dtype)
+    ok = supported_dtypes(device)
+    if dtype not in ok:
+        names = ", ".join(str(d).removeprefix("torch.") for d in ok)
+        raise ValueError(f"{str(dtype).removeprefix('torch.')} is not supported on {device}; "
+                         f"pass one of: {names}")
+    return dtype
+
+
+def bytes_per_element(dtype: str | torch.dtype) -> int:
+    """Bytes one number of ``dtype`` occupies (4 for float32, 2 for float16 and bfloat16)."""
+    return torch.empty((), dtype=parse_dtype(dtype)).element_size()

@@ -1,0 +1,83 @@
+"""The generation steps, kept apart so a lab can swap exactly one (gpt-fast's ``generate.py``).
+
+- ``prefill``: run the whole prompt at once (matrix-matrix work), filling the cache.
+- ``decode_one_token``: run one new token per sequence against the cache (matrix-vector work).
+- ``generate``: prefill, then decode until ``max_new_tokens``; greedy unless a temperature is set.
+- ``generate_without_cache``: recompute the whole sequence for every new token: the O(n^2)
+  baseline the KV cache exists to beat, and the oracle the cached path is checked against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferlab.kv_cache import KVCache
+
+
+def _as_batch(prompt) -> torch.Tensor:
+    tokens = torch.as_tensor(prompt)
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    if tokens.dim() != 2 or tokens.shape[1] == 0:
+        raise ValueError("prompt must be a non-empty sequence of token ids, or a (batch, time) "
+                         f"tensor; got shape {tuple(tokens.shape)}")
+    return tokens
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next tokens (B,) from logits (B, V): argmax at temperature 0, else a softmax sample."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run the prompt (B, T) through the model, storing its K/V; logits of the last token (B, V)."""
+    positions = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
+    return model(tokens, positions, cache)[:, -1]
+
+
+@torch.inference_mode()
+def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run one token per sequence (B,) at the cache's next position; logits (B, V)."""
+    positions = torch.arange(cache.length, cache.length + 1, device=token.device)
+    return model(token.view(-1, 1), positions, cache)[:, -1]
+
+
+@torch.inference_mode()
+def generate(model, prompt, max_new_tokens: int, cache: KVCache | None = None,
+             temperature: float = 0.0, seed: int = 0) -> torch.Tensor:
+    """Prompt plus ``max_new_tokens`` generated tokens, shape (B, T + n), using a KV cache."""
+    tokens = _as_batch(prompt).to(model.device)
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    total = tokens.shape[1] + max_new_tokens
+    if cache is None:
+        cache = KVCache.for_model(model, tokens.shape[0], max_len=total)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    out = [tokens]
+    next_token = sample(prefill(model, tokens, cache), temperature, gen)
+    out.append(next_token[:, None])
+    for _ in range(max_new_tokens - 1):
+        next_token = sample(decode_one_token(model, next_token, cache), temperature, gen)
+        out.append(next_token[:, None])
+    return torch.cat(out, dim=1)
+
+
+@torch.inference_mode()
+def generate_without_cache(model, prompt, max_new_tokens: int, temperature: float = 0.0,
+                           seed: int = 0) -> torch.Tensor:
+    """The same as ``generate`` but recomputing the whole sequence at every step (no cache)."""
+    tokens = _as_batch(prompt).to(model.device)
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    for _ in range(max_new_tokens):
+        next_token = sample(model(tokens)[:, -1], temperature, gen)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+    return tokens

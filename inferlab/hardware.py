@@ -1,0 +1,207 @@
+"""The hardware table, detection of the device in use, and the two probes.
+
+The table (``data/hardware.csv``) holds datasheet numbers: dense BF16/FP16 peak FLOP/s, memory
+bandwidth and capacity, each row with its source. ``detect_device()`` names the device torch
+is using and finds its row when there is one (CPUs vary too much to have rows; a learner on a
+CPU compares against what they measure). The probes measure the two numbers a roofline needs:
+
+- ``measure_bandwidth()`` copies a large buffer and counts bytes read plus bytes written;
+- ``measure_peak_flops(dtype)`` times a large square matmul, which does 2 n^3 FLOPs.
+
+Each returns a ``ProbeResult`` that says what it ran on, so a figure never loses its provenance.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+from inferlab.data import read_table
+from inferlab.device import check_dtype, choose_profile
+from inferlab.timing import Timing, time_fn
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One row of the hardware table, in SI units (FLOP/s, bytes/s, bytes)."""
+
+    name: str
+    kind: str                  # "gpu" or "cpu"
+    bandwidth: float           # bytes/s
+    peak_bf16: float | None    # FLOP/s, dense
+    peak_fp16: float | None    # FLOP/s, dense
+    memory: float | None       # bytes
+    source: str
+    notes: str = ""
+    match: tuple[str, ...] = ()
+
+    def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
+        """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
+        name = str(dtype).removeprefix("torch.")
+        return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16}.get(name)
+
+    def ridge_point(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
+        """Peak FLOP/s over bandwidth, in FLOP per byte (None without a peak figure)."""
+        peak = self.peak_flops(dtype)
+        return None if peak is None else peak / self.bandwidth
+
+
+def _number(text: str, scale: float) -> float | None:
+    return float(text) * scale if text.strip() else None
+
+
+def load_hardware() -> dict[str, DeviceSpec]:
+    """Every row of ``data/hardware.csv``, keyed by name, in table order."""
+    specs = {}
+    for row in read_table("hardware.csv"):
+        specs[row["name"]] = DeviceSpec(
+            name=row["name"], kind=row["kind"],
+            bandwidth=float(row["bandwidth_gbs"]) * 1e9,
+            peak_bf16=_number(row["peak_bf16_tflops"], 1e12),
+            peak_fp16=_number(row["peak_fp16_tflops"], 1e12),
+            memory=_number(row["memory_gb"], 1e9),
+            source=row["source"], notes=row["notes"],
+            match=tuple(m for m in row["match"].split("|") if m),
+        )
+    return specs
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """The table row called ``name`` (case-insensitive); an unknown name lists the known ones."""
+    specs = load_hardware()
+    for key, spec in specs.items():
+        if key.lower() == name.strip().lower():
+            return spec
+    raise ValueError(f"unknown device {name!r}; the hardware table knows: {', '.join(specs)}")
+
+
+def match_device_name(device_name: str) -> DeviceSpec | None:
+    """The table row whose ``match`` patterns occur in a name such as "NVIDIA H200"."""
+    for spec in load_hardware().values():
+        if any(pattern.lower() in device_name.lower() for pattern in spec.match):
+            return spec
+    return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device torch is using, its table row if it has one, and the software around it."""
+
+    device: str                 # "cpu" or "cuda"
+    name: str                   # e.g. "NVIDIA H200" or the CPU's model name
+    spec: DeviceSpec | None
+    torch_version: str
+    cuda_version: str | None
+    threads: int
+
+    def provenance(self) -> dict:
+        """What a measurement must carry: device, software versions and today's date."""
+        return {"device": self.device, "device_name": self.name,
+                "table_row": self.spec.name if self.spec else None,
+                "torch": self.torch_version, "cuda": self.cuda_version,
+                "threads": self.threads, "date": _dt.date.today().isoformat()}
+
+
+def detect_device(device: str | None = None) -> DeviceInfo:
+    """Describe ``device`` ("cpu" or "cuda"; default: the GPU when there is one)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; "
+                               "pass device='cpu'")
+        name = torch.cuda.get_device_name(0)
+        spec = match_device_name(name)
+    elif device == "cpu":
+        name, spec = _cpu_name(), None
+    else:
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    return DeviceInfo(device=device, name=name, spec=spec, torch_version=torch.__version__,
+                      cuda_version=torch.version.cuda, threads=torch.get_num_threads())
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """A measured rate with what it ran on: ``value`` is in ``unit`` (bytes/s or FLOP/s)."""
+
+    value: float
+    unit: str
+    what: str
+    device: DeviceInfo
+    dtype: str
+    size: int
+    timing: Timing = field(repr=False)
+
+    def __str__(self) -> str:
+        scale, prefix = (1e9, "G") if self.value < 1e12 else (1e12, "T")
+        return (f"{self.what}: {self.value / scale:,.1f} {prefix}{self.unit} on "
+                f"{self.device.name} ({self.dtype}, torch {self.device.torch_version})")
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "value": self.value, "unit": self.unit, "dtype": self.dtype,
+                "size": self.size, "median_s": self.timing.median_s,
+                **self.device.provenance()}
+
+
+def _resolve(device: str | None) -> tuple[str, "object"]:
+    profile = choose_profile(device)
+    return (device or profile.device), profile
+
+
+def measure_bandwidth(device: str | None = None, n_bytes: int | None = None,
+                      min_run_time: float | None = None) -> ProbeResult:
+    """Memory bandwidth from copying a buffer of ``n_bytes``: (read + written bytes) / time.
+
+    The buffer must be much larger than the caches (hundreds of MB on a CPU, GBs on a GPU),
+    or the probe measures the cache instead of memory. Defaults come from the device profile.
+    """
+    device, profile = _resolve(device)
+    n_bytes = profile.probe_bytes if n_bytes is None else n_bytes
+    if n_bytes < 2**20:
+        raise ValueError(f"n_bytes={n_bytes} is too small to measure memory rather than cache; "
+                         "pass at least 1 MiB (the profile's default is "
+                         f"{profile.probe_bytes // 2**20} MiB)")
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    timing = time_fn(lambda: dst.copy_(src), min_run_time=min_run_time or profile.min_run_time,
+                     label="copy")
+    moved = 2 * src.numel() * src.element_size()  # every byte is read once and written once
+    return ProbeResult(moved / timing.median_s, "B/s", "memory bandwidth (copy)",
+                       detect_device(device), "float32", moved // 2, timing)
+
+
+def measure_peak_flops(dtype: str | torch.dtype | None = None, device: str | None = None,
+                       n: int | None = None, min_run_time: float | None = None) -> ProbeResult:
+    """Matmul throughput: an n x n by n x n product does 2 n^3 FLOPs (a multiply and an add).
+
+    ``dtype`` defaults to the profile's; one the device does not support is refused with the
+    options. ``n`` must be large enough to keep every core busy (thousands on a GPU).
+    """
+    device, profile = _resolve(device)
+    dtype = check_dtype(profile.dtype if dtype is None else dtype, device)
+    n = profile.matmul_n if n is None else n
+    if n < 64:
+        raise ValueError(f"n={n} is too small to reach peak; pass n >= 64 "
+                         f"(the profile's default is {profile.matmul_n})")
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    timing = time_fn(lambda: torch.mm(a, b, out=out),
+                     min_run_time=min_run_time or profile.min_run_time, label="matmul")
+    return ProbeResult(2 * n**3 / timing.median_s, "FLOP/s", "peak matmul throughput",
+                       detect_device(device), str(dtype).removeprefix("torch."), n, timing)

@@ -1,0 +1,122 @@
+"""The reference KV cache: preallocated K and V buffers per layer, filled as tokens arrive.
+
+Without a cache, every new token recomputes K and V for the whole prefix: generating n tokens
+costs O(n^2) projections. With one, each token's K and V are computed once and stored, and a
+decode step only projects the newest token, at the price of 2 x layers x KV heads x head_dim
+numbers of memory per token (``formulas.kv_bytes_per_token``).
+
+The buffers are allocated once, at full size, as gpt-fast does, so decoding never reallocates
+and the memory a request will need is known up front. Every sequence in the batch sits at the
+same position (one prompt length per batch); ragged batches are the paged cache's job
+(``inferlab.paged``). Mistakes raise: writing past the capacity, or K/V of the wrong shape,
+dtype or device, is an error, never a silent truncation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class CacheFullError(RuntimeError):
+    """Raised when a write would go past the cache's capacity."""
+
+
+class KVCache:
+    """K and V for ``n_layers`` layers: buffers of shape (L, B, K, T_max, D)."""
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
+                                max_len=max_len, head_dim=head_dim).items():
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"KVCache {name} must be a positive integer, got {value!r}")
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0  # tokens stored so far, the same for every sequence in the batch
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int | None = None) -> "KVCache":
+        """A cache shaped for ``model`` (an ``inferlab.model.Llama``), in its dtype and device."""
+        c = model.config
+        max_len = c.max_seq_len if max_len is None else max_len
+        if max_len > c.max_seq_len:
+            raise ValueError(f"max_len={max_len} exceeds the model's context of {c.max_seq_len}")
+        return cls(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, model.dtype, model.device)
+
+    @property
+    def n_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffers occupy (allocated, whether filled or not)."""
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def bytes_used(self) -> int:
+        """Bytes that hold real tokens: the filled part of the buffers."""
+        return self.nbytes * self.length // self.max_len
+
+    def reset(self) -> None:
+        """Forget every stored token (the buffers are reused, not freed)."""
+        self.length = 0
+
+    def _validate(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer {layer} out of range: the cache has {self.n_layers} layers")
+        expected = (self.batch, self.k.shape[2], positions.shape[-1], self.k.shape[4])
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape) != expected:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {expected} "
+                                 "(batch, KV heads, new tokens, head_dim)")
+            if t.dtype != self.k.dtype:
+                raise TypeError(f"{name} is {t.dtype} but the cache holds {self.k.dtype}; "
+                                f"cast with .to({self.k.dtype}) or build the cache in {t.dtype}")
+            if t.device != self.k.device:
+                raise ValueError(f"{name} is on {t.device} but the cache is on {self.k.device}")
+        if positions.dim() != 1:
+            raise ValueError("KVCache takes positions of shape (T,), shared by the batch; "
+                             "ragged batches need the paged cache")
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        if end - start != positions.numel():
+            raise ValueError("positions must be consecutive, e.g. torch.arange(start, end)")
+        if start > self.length:
+            raise ValueError(f"positions start at {start} but only {self.length} tokens are "
+                             "stored: a gap would leave garbage in the cache")
+        if end > self.max_len:
+            raise CacheFullError(f"writing positions {start}..{end - 1} needs {end} slots but the "
+                                 f"cache holds {self.max_len}; build a larger cache "
+                                 f"(KVCache.for_model(model, batch, max_len={end}))")
+        return start, end
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v (B, K, T, D) at ``positions`` (T,) and return all K, V stored for ``layer``.
+
+        Returns views (B, K, end, D), where end is one past the last position written.
+        """
+        start, end = self._validate(layer, positions, k, v)
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        if layer == self.n_layers - 1:  # every layer has now stored these positions
+            self.length = max(self.length, end)
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """Store the new k, v, then attend q (B, H, T, D) over every stored token (causally)."""
+        k_all, v_all = self.update(layer, positions, k, v)  # (B, K, end, D)
+        T, end = q.shape[-2], k_all.shape[-2]
+        mask = None
+        if T > 1:  # query at position p sees keys 0..p
+            mask = torch.arange(end, device=q.device) <= positions[:, None]  # (T, end)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                                              enable_gqa=q.shape[1] != k_all.shape[1])

@@ -1,0 +1,337 @@
+"""A Llama-architecture decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention.
+
+The shapes follow Touvron et al. 2023 (Llama 2) and the parameter names follow the Hugging Face
+``LlamaForCausalLM`` layout (``model.layers.0.self_attn.q_proj.weight``, ...), so a real
+checkpoint's tensors load by name (``inferlab.weights``). Qwen2 models are the same architecture
+with biases on the Q, K and V projections (``attention_bias``) and, for the small ones, an
+output projection tied to the embedding table (``tie_embeddings``).
+
+Letters used in shape comments: B batch, T tokens, H query heads, K KV heads, D head dim,
+d model width, V vocabulary.
+
+Attention goes through a cache object when one is given: ``cache.attend(layer, q, k, v,
+positions)`` stores the new K/V and attends over everything stored. Without one, attention is
+causal over the tokens passed in. The caches live in their own modules (``kv_cache``,
+``paged``), so the model never owns serving state (only the engine changes it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferlab.data import read_table
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-architecture model. ``head_dim`` defaults to d_model / n_heads."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int = 2048
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    attention_bias: bool = False
+    tie_embeddings: bool = False
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
+                  "max_seq_len"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{f} must be a positive integer, got {value!r}")
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model={self.d_model} is not divisible by n_heads="
+                                 f"{self.n_heads}; pass head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise ValueError(f"head_dim must be a positive even number (RoPE rotates pairs), "
+                             f"got {self.head_dim}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
+                             f"{self.n_kv_heads} (each KV head serves a group of query heads)")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError("rope_theta and norm_eps must be positive")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head: 1 is multi-head attention, n_heads is multi-query."""
+        return self.n_heads // self.n_kv_heads
+
+    def with_kv_heads(self, n_kv_heads: int) -> "ModelConfig":
+        """The same shape with ``n_kv_heads`` KV heads (MHA: n_heads; GQA: fewer; MQA: 1)."""
+        return replace(self, n_kv_heads=n_kv_heads, name=f"{self.name}-kv{n_kv_heads}")
+
+    def scaled(self, **changes) -> "ModelConfig":
+        """A copy with some fields changed, e.g. ``config.scaled(n_layers=2)``."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "ModelConfig":
+        """A preset from ``data/models.csv``; an unknown name lists the known ones."""
+        presets = model_presets()
+        key = name.strip().lower()
+        if key not in presets:
+            raise ValueError(f"unknown model {name!r}; known models: {', '.join(presets)}")
+        return replace(presets[key], **overrides) if overrides else presets[key]
+
+    @classmethod
+    def from_hf_config(cls, hf: dict, name: str | None = None) -> "ModelConfig":
+        """Read a Hugging Face ``config.json`` (Llama or Qwen2 family) as a ModelConfig."""
+        archs = hf.get("architectures") or []
+        known = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+        if archs and not set(archs) & known:
+            raise ValueError(f"architecture {archs} is not Llama-like; inferlab loads "
+                             f"{sorted(known)}")
+        n_heads = hf["num_attention_heads"]
+        return cls(
+            n_layers=hf["num_hidden_layers"], d_model=hf["hidden_size"], n_heads=n_heads,
+            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+            ffn_dim=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+            max_seq_len=hf.get("max_position_embeddings", 2048),
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            attention_bias=bool(hf.get("attention_bias",
+                                       hf.get("model_type") == "qwen2")),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            name=name or hf.get("_name_or_path") or hf.get("model_type", "custom"),
+        )
+
+    def to_hf_config(self) -> dict:
+        """A Hugging Face style ``config.json`` dictionary for this shape."""
+        return {
+            "architectures": ["Qwen2ForCausalLM" if self.attention_bias else "LlamaForCausalLM"],
+            "model_type": "qwen2" if self.attention_bias else "llama",
+            "num_hidden_layers": self.n_layers, "hidden_size": self.d_model,
+            "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.ffn_dim,
+            "vocab_size": self.vocab_size, "max_position_embeddings": self.max_seq_len,
+            "rope_theta": self.rope_theta, "rms_norm_eps": self.norm_eps,
+            "attention_bias": self.attention_bias, "tie_word_embeddings": self.tie_embeddings,
+            "hidden_act": "silu",
+        }
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() in ("true", "1", "yes")
+
+
+def model_presets() -> dict[str, ModelConfig]:
+    """Every model shape in ``data/models.csv``, keyed by lower-case name."""
+    presets = {}
+    for row in read_table("models.csv"):
+        presets[row["name"].lower()] = ModelConfig(
+            n_layers=int(row["n_layers"]), d_model=int(row["d_model"]),
+            n_heads=int(row["n_heads"]), n_kv_heads=int(row["n_kv_heads"]),
+            head_dim=int(row["head_dim"]), ffn_dim=int(row["ffn_dim"]),
+            vocab_size=int(row["vocab_size"]), max_seq_len=int(row["max_seq_len"]),
+            rope_theta=float(row["rope_theta"]), norm_eps=float(row["norm_eps"]),
+            attention_bias=_bool(row["attention_bias"]),
+            tie_embeddings=_bool(row["tie_embeddings"]), name=row["name"],
+        )
+    return presets
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference implementation does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """Rotary tables for ``positions`` (T,) or (B, T): cos and sin of shape (..., T, D).
+
+    Pair i of each head is rotated by angle position x theta^(-2i/D); the two halves of the
+    head hold the pair's two coordinates (the Hugging Face "rotate_half" layout).
+    """
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device,
+                                       dtype=torch.float32) / head_dim)  # (D/2,)
+    angles = positions.float()[..., None] * inv_freq  # (..., T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (..., T, D)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, H, T, D) by the tables (T, D) or (B, T, D)."""
+    if cos.dim() == 3:  # per-sequence positions: (B, T, D) -> (B, 1, T, D)
+        cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of q (B, H, T, D) over k, v (B, K, T, D); K may divide H (GQA)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with rotary embeddings (Ainslie et al. 2023)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.n_heads, config.n_kv_heads,
+                                                        config.head_dim)
+        self.rope_theta = config.rope_theta
+        d, q_out, kv_out = config.d_model, config.n_heads * config.head_dim, \
+            config.n_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(d, q_out, bias=config.attention_bias)
+        self.k_proj = nn.Linear(d, kv_out, bias=config.attention_bias)
+        self.v_proj = nn.Linear(d, kv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_out, d, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            out = causal_attention(q, k, v)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v, positions)  # (B, H, T, D)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(config.ffn_dim, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
+
+    def forward(self, x, positions, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embedding, decoder layers and final norm: the ``model.`` prefix of the HF names."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+
+
+class Llama(nn.Module):
+    """The whole model: ``forward(tokens, positions=None, cache=None) -> logits``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache=None) -> torch.Tensor:
+        """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
+        T = tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device)
+        if int(positions.max()) >= self.config.max_seq_len:
+            raise ValueError(f"position {int(positions.max())} is beyond the model's context of "
+                             f"{self.config.max_seq_len} tokens")
+        if int(tokens.max()) >= self.config.vocab_size or int(tokens.min()) < 0:
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        x = self.model.embed_tokens(tokens)  # (B, T, d)
+        for layer in self.model.layers:
+            x = layer(x, positions, cache)
+        return self.lm_head(self.model.norm(x))  # (B, T, V)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+
+def init_weights(model: Llama, seed: int = 0, std: float = 0.02) -> Llama:
+    """Fill every weight deterministically: N(0, std) for matrices, zeros for biases, ones for norms.
+
+    Output projections are scaled by 1/sqrt(2 L) as in GPT-2, so activations stay O(1) in a
+    deep random model and its logits are not degenerate.
+    """
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    scale_out = 1 / math.sqrt(2 * model.config.n_layers)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # shared (tied) tensors appear once
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                s = std * scale_out if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                p.normal_(0.0, s, generator=gen)
+    return model
+
+
+def build_model(config: ModelConfig | str, seed: int = 0, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32) -> Llama:
+    """A model with random weights from ``seed``, built straight on ``device`` in ``dtype``.
+
+    The module is first built on the meta device (no memory, no default init), so even a
+    7B-shaped model is built in seconds on a GPU.
+    """
+    from inferlab.device import parse_dtype
+
+    if isinstance(config, str):
+        config = ModelConfig.from_name(config)
+    dtype = parse_dtype(dtype)
+    with torch.device("meta"):
+        model = Llama(config)
+    model = model.to_empty(device=device).to(dtype)
+    if config.tie_embeddings:  # to_empty allocates tied tensors separately; tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return init_weights(model, seed).eval()
