@@ -38,8 +38,10 @@ def expect_close(what: str, got, expected: float, rel: float = 1e-6, abs_tol: fl
                  hint: str = "", unit: str = "") -> None:
     """Fail unless the number ``got`` is within ``rel`` (relative) or ``abs_tol`` of ``expected``."""
     try:
-        value = float(got)
-    except (TypeError, ValueError):
+        if isinstance(got, (str, bytes, bool)) or got is None:
+            raise TypeError
+        value = float(got)  # ints, floats, numpy scalars and one-element tensors
+    except (TypeError, ValueError, RuntimeError):
         raise CheckFailed(f"{what} returned {got!r} ({type(got).__name__}), expected a number "
                           f"close to {expected:.6g}{unit}.{_hint(hint)}") from None
     if not math.isclose(value, expected, rel_tol=rel, abs_tol=abs_tol):

@@ -1,0 +1,106 @@
+"""The hardware table, device detection, profiles, timing and the probes (on the CPU)."""
+
+import pytest
+import torch
+
+from inferlab import device as dev
+from inferlab.hardware import (detect_device, get_device_spec, load_hardware, match_device_name,
+                               measure_bandwidth, measure_peak_flops)
+from inferlab.timing import time_fn
+
+
+def test_every_table_row_has_a_source_and_positive_numbers():
+    specs = load_hardware()
+    assert len(specs) >= 10
+    for spec in specs.values():
+        assert spec.source.strip(), spec.name
+        assert spec.bandwidth > 0
+        assert spec.peak_bf16 is None or spec.peak_bf16 > 0
+
+
+@pytest.mark.parametrize("name, bandwidth_gbs, tflops", [
+    ("T4", 320, None), ("L4", 300, 121), ("A100 40GB SXM", 1555, 312),
+    ("A100 80GB SXM", 2039, 312), ("H100 SXM", 3350, 989), ("H100 PCIe", 2000, 756),
+    ("H200 SXM", 4800, 989), ("B200", 8000, 2250), ("MI300X", 5300, 1307)])
+def test_table_matches_facts(name, bandwidth_gbs, tflops):
+    spec = get_device_spec(name)
+    assert spec.bandwidth == pytest.approx(bandwidth_gbs * 1e9)
+    if tflops is None:
+        assert spec.peak_flops("bfloat16") is None  # the T4 has no BF16
+        assert spec.peak_flops("float16") == pytest.approx(65e12)
+    else:
+        assert spec.peak_flops("bfloat16") == pytest.approx(tflops * 1e12)
+
+
+@pytest.mark.parametrize("torch_name, row", [
+    ("Tesla T4", "T4"), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200 SXM")])
+def test_device_names_torch_reports_are_recognised(torch_name, row):
+    assert match_device_name(torch_name).name == row
+
+
+def test_unknown_device_lists_the_known_ones():
+    assert match_device_name("NVIDIA GeForce GTX 480") is None
+    with pytest.raises(ValueError, match="the hardware table knows: T4, L4"):
+        get_device_spec("GTX 480")
+
+
+def test_detect_cpu():
+    info = detect_device("cpu")
+    assert info.device == "cpu" and info.spec is None and info.name
+    prov = info.provenance()
+    assert prov["torch"] == torch.__version__ and prov["date"]
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        detect_device("tpu")
+
+
+def test_profiles_and_their_refusals(monkeypatch):
+    monkeypatch.delenv("INFERLAB_PROFILE", raising=False)
+    if not torch.cuda.is_available():
+        assert dev.choose_profile().name == "cpu"
+    monkeypatch.setenv("INFERLAB_PROFILE", "small-gpu")
+    assert dev.choose_profile().dtype == torch.float16
+    monkeypatch.setenv("INFERLAB_PROFILE", "huge")
+    with pytest.raises(ValueError, match="choose one of \\['cpu', 'large-gpu', 'small-gpu'\\]"):
+        dev.choose_profile()
+    with pytest.raises(ValueError, match="must be positive"):
+        dev.PROFILES["cpu"].scaled(max_batch=0)
+
+
+def test_dtypes():
+    assert dev.parse_dtype("bfloat16") is torch.bfloat16
+    assert dev.parse_dtype(torch.float32) is torch.float32
+    assert dev.bytes_per_element("float16") == 2
+    with pytest.raises(ValueError, match="unknown dtype 'half'.*bfloat16"):
+        dev.parse_dtype("half")
+    with pytest.raises(ValueError, match="float16 is not supported on cpu; pass one of: float32, bfloat16"):
+        dev.check_dtype("float16", "cpu")
+
+
+def test_time_fn_measures_something_sensible():
+    x = torch.randn(256, 256)
+    t = time_fn(lambda: x @ x, min_run_time=0.05)
+    assert 0 < t.median_s < 1 and t.runs >= 1
+    with pytest.raises(ValueError, match="positive seconds"):
+        time_fn(lambda: None, min_run_time=0)
+    with pytest.raises(TypeError, match="function of no arguments"):
+        time_fn(42)
+
+
+def test_probes_on_cpu_report_plausible_figures_with_provenance():
+    bw = measure_bandwidth("cpu", n_bytes=32 * 2**20, min_run_time=0.05)
+    assert 1e8 < bw.value < 1e13 and bw.unit == "B/s"
+    assert bw.to_dict()["device"] == "cpu"
+    flops = measure_peak_flops("float32", "cpu", n=256, min_run_time=0.05)
+    assert 1e8 < flops.value < 1e14 and flops.dtype == "float32"
+    assert "GFLOP/s" in str(flops) or "TFLOP/s" in str(flops)
+
+
+def test_probes_refuse_bad_sizes_and_dtypes():
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        measure_bandwidth("cpu", n_bytes=1000)
+    with pytest.raises(ValueError, match="n >= 64"):
+        measure_peak_flops("float32", "cpu", n=8)
+    with pytest.raises(ValueError, match="not supported on cpu"):
+        measure_peak_flops("float16", "cpu", n=128)
