@@ -78,7 +78,11 @@ def choose_profile(device: str | None = None) -> Profile:
     """
     forced = os.environ.get("INFERLAB_PROFILE")
     if forced:
-        return get_profile(forced)
+        profile = get_profile(forced)
+        if profile.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"INFERLAB_PROFILE={forced} needs a CUDA GPU but torch sees none; "
+                               "unset it or set it to 'cpu'")
+        return profile
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":

@@ -60,7 +60,12 @@ def test_profiles_and_their_refusals(monkeypatch):
     if not torch.cuda.is_available():
         assert dev.choose_profile().name == "cpu"
     monkeypatch.setenv("INFERLAB_PROFILE", "small-gpu")
-    assert dev.choose_profile().dtype == torch.float16
+    if torch.cuda.is_available():
+        assert dev.choose_profile().dtype == torch.float16
+    else:
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            dev.choose_profile()
+    assert dev.get_profile("small-gpu").dtype == torch.float16
     monkeypatch.setenv("INFERLAB_PROFILE", "huge")
     with pytest.raises(ValueError, match="choose one of \\['cpu', 'large-gpu', 'small-gpu'\\]"):
         dev.choose_profile()
