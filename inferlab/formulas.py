@@ -139,3 +139,66 @@ def bandwidth_utilisation(bytes_per_token: float, seconds_per_token: float, band
     _positive(bytes_per_token=bytes_per_token, seconds_per_token=seconds_per_token,
               bandwidth=bandwidth)
     return bytes_per_token / seconds_per_token / bandwidth
+
+
+# --- The KV cache and capacity planning (Chapter 2) ---------------------------------------
+# Kwon et al. 2023 (PagedAttention), Sec. 3 and Table 1: OPT-13B, 800 KB of KV per token, 12 GB
+# left for the cache on one A100-40GB, hence about 15.7K token slots.
+
+
+def kv_bytes(config: "ModelConfig", tokens: int, dtype="bfloat16", batch: int = 1) -> int:
+    """Bytes the KV cache holds for ``batch`` sequences of ``tokens`` tokens each."""
+    if tokens < 0 or batch < 0:
+        raise ValueError(f"tokens and batch must be >= 0, got tokens={tokens}, batch={batch}")
+    return batch * tokens * kv_bytes_per_token(config, dtype)
+
+
+def kv_token_slots(config: "ModelConfig", kv_memory: float, dtype="bfloat16") -> int:
+    """How many tokens' K and V fit in ``kv_memory`` bytes: the cache's token slots."""
+    if kv_memory < 0:
+        raise ValueError(f"kv_memory must be >= 0 bytes, got {kv_memory!r}")
+    return int(kv_memory // kv_bytes_per_token(config, dtype))
+
+
+def kv_memory_budget(config: "ModelConfig", device_memory: float, weight_dtype="bfloat16",
+                     activation_reserve: float = 0.0, weights: float | None = None) -> float:
+    """Bytes left for the KV cache: device memory minus the weights and an activation reserve.
+
+    ``weights`` overrides the weight bytes computed from ``config`` and ``weight_dtype`` (to
+    reproduce a paper's rounded figure, or for weights stored in fewer bits). Negative when the
+    weights alone do not fit; callers decide what that means.
+    """
+    _positive(device_memory=device_memory)
+    if activation_reserve < 0:
+        raise ValueError(f"activation_reserve must be >= 0 bytes, got {activation_reserve!r}")
+    w = weight_bytes(config, weight_dtype) if weights is None else weights
+    return device_memory - w - activation_reserve
+
+
+def max_concurrent_requests(config: "ModelConfig", device_memory: float, context: int,
+                            dtype="bfloat16", activation_reserve: float = 0.0,
+                            weight_dtype=None, weights: float | None = None) -> int:
+    """Requests of ``context`` tokens each whose KV cache fits beside the weights, all at once.
+
+    (device memory - weights - activation reserve) / (KV bytes per token x context), rounded
+    down; 0 when not even one fits. ``dtype`` is the cache's dtype; ``weight_dtype`` defaults to
+    it. This is the count when every request reserves its whole context up front, as systems
+    before PagedAttention did.
+    """
+    _positive(context=context)
+    budget = kv_memory_budget(config, device_memory, dtype if weight_dtype is None else weight_dtype,
+                              activation_reserve, weights)
+    return max(0, kv_token_slots(config, max(budget, 0.0), dtype) // context)
+
+
+def attention_decode_intensity(bytes_per_element: float = 2.0, group_size: int = 1) -> float:
+    """FLOPs per byte of KV read by one decode step's attention, at any batch size.
+
+    Each query head does 2 D FLOPs against a key (QK^T) and 2 D against a value (PV) per past
+    token, and the step reads those 2 D numbers once per KV head. A KV head serves
+    ``group_size`` query heads (1 for MHA), so the intensity is 2 x group_size / bytes: about 1
+    FLOP/byte for MHA in 16-bit. Batching adds requests but each has its own cache, so unlike
+    the weight matmuls the intensity does not grow with the batch.
+    """
+    _positive(bytes_per_element=bytes_per_element, group_size=group_size)
+    return 2 * group_size / bytes_per_element

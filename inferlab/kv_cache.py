@@ -58,6 +58,27 @@ class KVCache:
         return self.k.shape[3]
 
     @property
+    def n_kv_heads(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[4]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token of one sequence occupies: 2 x layers x KV heads x head_dim x element."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k.element_size()
+
+    @property
     def nbytes(self) -> int:
         """Bytes the buffers occupy (allocated, whether filled or not)."""
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
@@ -86,8 +107,18 @@ class KVCache:
         if positions.dim() != 1:
             raise ValueError("KVCache takes positions of shape (T,), shared by the batch; "
                              "ragged batches need the paged cache")
+        if positions.numel() == 0:
+            raise ValueError("positions is empty: there is nothing to store")
+        if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+            raise TypeError(f"positions must be integer token indices, got {positions.dtype}")
+        if positions.device != self.k.device:
+            raise ValueError(f"positions are on {positions.device} but the cache is on "
+                             f"{self.k.device}")
         start, end = int(positions[0]), int(positions[-1]) + 1
-        if end - start != positions.numel():
+        if start < 0:
+            raise ValueError(f"positions must be >= 0, got {start}")
+        if end - start != positions.numel() or (positions.numel() > 1 and
+                                                bool((positions.diff() != 1).any())):
             raise ValueError("positions must be consecutive, e.g. torch.arange(start, end)")
         if start > self.length:
             raise ValueError(f"positions start at {start} but only {self.length} tokens are "
@@ -120,3 +151,33 @@ class KVCache:
             mask = torch.arange(end, device=q.device) <= positions[:, None]  # (T, end)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                               enable_gqa=q.shape[1] != k_all.shape[1])
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose attention always spans the whole buffer, so no shape depends on the length.
+
+    ``KVCache.attend`` slices the buffers to the tokens stored so far, which changes a tensor's
+    shape at every step and reads ``positions`` on the host: fine in eager mode, but under
+    ``torch.compile`` each new length is a new graph, and CUDA graphs need fixed shapes. This
+    variant writes with ``index_copy_`` at ``positions`` (a device tensor) and masks out the
+    unfilled slots instead, as gpt-fast's cache does. The answers are the same; each step reads
+    the whole buffer, so size it to the context you need.
+
+    In eager mode it validates and keeps ``length`` like KVCache. Inside a compiled function it
+    does neither (both would read device values on the host): the caller then owns ``length``.
+    """
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        eager = not torch.compiler.is_compiling()
+        if eager:
+            self._validate(layer, positions, k, v)
+        k_all, v_all = self.k[layer], self.v[layer]  # (B, K, T_max, D)
+        k_all.index_copy_(2, positions, k)
+        v_all.index_copy_(2, positions, v)
+        mask = torch.arange(self.max_len, device=q.device) <= positions[:, None]  # (T, T_max)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                                             enable_gqa=q.shape[1] != k_all.shape[1])
+        if eager and layer == self.n_layers - 1:
+            self.length = max(self.length, int(positions[-1]) + 1)
+        return out

@@ -1,0 +1,163 @@
+"""Checkpoints in the Hugging Face layout: the tests write their own, offline, and load them back."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from inferlab.generate import generate, generate_text, generate_without_cache
+from inferlab.model import ModelConfig, build_model
+from inferlab.weights import (INDEX_NAME, SINGLE_NAME, Tokenizer, load_checkpoint,
+                              load_state_dict, load_tokenizer, save_checkpoint)
+
+LLAMA = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
+# A Qwen2-shaped toy: Q/K/V biases and an output projection tied to the embedding table.
+QWEN = ModelConfig.from_name("qwen2.5-0.5b").scaled(
+    n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128, vocab_size=300,
+    max_seq_len=128)
+
+
+def _prompt(vocab, n=7, seed=5):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _randomise_biases(model):
+    with torch.no_grad():  # init_weights zeroes biases; make them count in the round trip
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+@pytest.mark.parametrize("config", [LLAMA, QWEN], ids=["llama", "qwen2-tied"])
+@pytest.mark.parametrize("shard", [None, 40_000], ids=["single", "sharded"])
+def test_round_trip_every_tensor_and_identical_generation(tmp_path, config, shard):
+    model = _randomise_biases(build_model(config, seed=1))
+    path = save_checkpoint(model, tmp_path / "ckpt", max_shard_bytes=shard)
+    if shard is None:
+        assert (path / SINGLE_NAME).is_file() and not (path / INDEX_NAME).exists()
+    else:
+        index = json.loads((path / INDEX_NAME).read_text())
+        shards = set(index["weight_map"].values())
+        assert len(shards) > 1 and all((path / s).is_file() for s in shards)
+    loaded = load_checkpoint(path, dtype="float32")
+    assert loaded.config.as_dict() | {"name": ""} == config.as_dict() | {"name": ""}
+    original, back = model.state_dict(), loaded.state_dict()
+    assert set(original) == set(back)
+    for name, tensor in original.items():
+        assert torch.equal(tensor, back[name]), name
+    prompt = _prompt(config.vocab_size)
+    assert torch.equal(generate(model, prompt, 12), generate(loaded, prompt, 12))
+    assert torch.equal(generate(loaded, prompt, 12), generate_without_cache(loaded, prompt, 12))
+
+
+def test_tied_checkpoint_stores_no_lm_head_and_loads_it_shared(tmp_path):
+    path = save_checkpoint(build_model(QWEN, seed=2), tmp_path)
+    assert "lm_head.weight" not in load_state_dict(path)
+    model = load_checkpoint(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_dtype_choice_and_default_from_config(tmp_path):
+    model = build_model(LLAMA, seed=3)
+    path = save_checkpoint(model, tmp_path, dtype="bfloat16")
+    assert json.loads((path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert load_checkpoint(path).dtype == torch.bfloat16  # the checkpoint's own dtype
+    as_fp32 = load_checkpoint(path, dtype="float32")
+    assert as_fp32.dtype == torch.float32
+    expected = model.lm_head.weight.detach().to(torch.bfloat16).float()
+    assert torch.equal(as_fp32.lm_head.weight, expected)
+
+
+def test_resaving_with_fewer_shards_leaves_no_stale_files(tmp_path):
+    model = build_model(LLAMA, seed=4)
+    save_checkpoint(model, tmp_path, max_shard_bytes=40_000)
+    save_checkpoint(model, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [SINGLE_NAME]
+    assert not (tmp_path / INDEX_NAME).exists()
+    load_checkpoint(tmp_path)
+
+
+def test_clear_errors_for_broken_checkpoints(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_checkpoint(tmp_path)
+    path = save_checkpoint(build_model(LLAMA, seed=5), tmp_path / "a")
+    hf = json.loads((path / "config.json").read_text())
+    hf["num_hidden_layers"] = 3  # the file says 3 layers, the weights hold 2
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match="missing.*model.layers.2"):
+        load_checkpoint(path)
+    hf["num_hidden_layers"], hf["intermediate_size"] = 2, 100
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match="shape"):
+        load_checkpoint(path)
+    (path / SINGLE_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_checkpoint(path)
+
+
+def test_rope_scaling_warns_and_other_activations_refuse(tmp_path):
+    path = save_checkpoint(build_model(LLAMA, seed=6), tmp_path)
+    hf = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(hf | {"rope_scaling": {"rope_type": "llama3"}}))
+    with pytest.warns(UserWarning, match="rope_scaling"):
+        load_checkpoint(path)
+    (path / "config.json").write_text(json.dumps(hf | {"hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="silu"):
+        load_checkpoint(path)
+
+
+def _write_word_tokenizer(path, vocab_size):
+    """A whitespace word-level tokenizer.json, built offline with the `tokenizers` package."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(vocab_size - 2)]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)},
+                                                           unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = None
+    tok.add_special_tokens(["<eos>"])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+
+
+def test_tokenizer_and_generate_text_with_and_without_cache(tmp_path, monkeypatch):
+    path = save_checkpoint(build_model(LLAMA, seed=7), tmp_path)
+    _write_word_tokenizer(path, LLAMA.vocab_size)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # take the `tokenizers` path
+    tokenizer = load_tokenizer(path)
+    assert isinstance(tokenizer, Tokenizer) and tokenizer.source == "tokenizers"
+    assert tokenizer.eos_token_id == 0
+    assert tokenizer.encode("w1 w2 w3") == [3, 4, 5]
+    model = load_checkpoint(path)
+    cached = generate_text(model, tokenizer, "w1 w2 w3", max_new_tokens=10, stop_at_eos=False)
+    recomputed = generate_text(model, tokenizer, "w1 w2 w3", max_new_tokens=10, use_cache=False,
+                               stop_at_eos=False)
+    assert cached == recomputed and len(cached.split()) == 10
+
+
+def test_generate_text_stops_at_eos():
+    model = build_model(LLAMA, seed=8)
+    full = generate(model, torch.tensor([[5, 6, 7]]), 20)[0, 3:].tolist()
+
+    class Fake:  # every id decodes to its own number; the fourth generated token ends the text
+        eos_token_id = full[3]
+
+        def encode(self, text):
+            return [int(w) for w in text.split()]
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    stop = full.index(Fake.eos_token_id)
+    assert generate_text(model, Fake(), "5 6 7", max_new_tokens=20) == \
+        " ".join(map(str, full[:stop]))
+    assert generate_text(model, Fake(), "5 6 7", max_new_tokens=20, stop_at_eos=False) == \
+        " ".join(map(str, full))
+
+
+def test_missing_tokenizer_packages_give_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match="pip install tokenizers"):
+        load_tokenizer(tmp_path)
