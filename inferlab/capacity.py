@@ -1,0 +1,165 @@
+"""Capacity planning: how many requests' KV caches fit on a device beside the weights.
+
+    requests = (device memory - weights - activation reserve) / (KV bytes per token x context)
+
+The formulas live in ``inferlab.formulas`` (``kv_memory_budget``, ``kv_token_slots``,
+``max_concurrent_requests``); this module puts a model from ``data/models.csv`` and a device
+from ``data/hardware.csv`` together, draws the static figure the site shows, and builds the
+ipywidgets calculator a notebook shows when ipywidgets is installed (``show_capacity`` picks).
+
+The worked example is the PagedAttention paper's Table 1 (Kwon et al. 2023): OPT-13B, which
+has Llama-2-13B's attention shape, on one A100-40GB keeps 26 GB of weights and 12 GB for the
+cache, 15.7K token slots at 800 KB per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab import formulas
+from inferlab.device import parse_dtype
+from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
+from inferlab.model import ModelConfig, model_presets
+
+# Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
+# Fig. 1 leaves about 2 GB of an A100-40GB for them beside 26 GB of weights and 12 GB of cache.
+DEFAULT_ACTIVATION_RESERVE = 2e9
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One model on one device at one context length; bytes throughout."""
+
+    model: str
+    device: str
+    context: int
+    kv_dtype: str
+    device_memory: float
+    weights: float
+    activation_reserve: float
+    kv_budget: float            # bytes left for the cache (negative: the weights do not fit)
+    kv_bytes_per_token: int
+    token_slots: int
+    max_requests: int           # each reserving its whole context
+
+    def __str__(self) -> str:
+        if self.kv_budget <= 0:
+            return (f"{self.model} on {self.device}: the weights ({self.weights / 1e9:.1f} GB) "
+                    f"and reserve leave no room for a KV cache in {self.device_memory / 1e9:.0f} GB")
+        return (f"{self.model} on {self.device} ({self.kv_dtype} cache): "
+                f"{self.weights / 1e9:.1f} GB weights, {self.kv_budget / 1e9:.1f} GB for the cache "
+                f"at {self.kv_bytes_per_token / 2**10:,.0f} KiB/token = {self.token_slots:,} token "
+                f"slots = {self.max_requests:,} requests of {self.context:,} tokens")
+
+
+def _config(model: ModelConfig | str) -> ModelConfig:
+    return ModelConfig.from_name(model) if isinstance(model, str) else model
+
+
+def _spec(device: DeviceSpec | str) -> DeviceSpec:
+    spec = get_device_spec(device) if isinstance(device, str) else device
+    if spec.memory is None:
+        raise ValueError(f"the hardware table has no memory size for {spec.name}; choose one of "
+                         f"{', '.join(gpu_names())}")
+    return spec
+
+
+def gpu_names() -> list[str]:
+    """Rows of the hardware table that have a memory size (the GPUs)."""
+    return [name for name, spec in load_hardware().items() if spec.memory]
+
+
+def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
+             kv_dtype="bfloat16", weight_dtype="bfloat16",
+             activation_reserve: float = DEFAULT_ACTIVATION_RESERVE,
+             weights: float | None = None) -> Capacity:
+    """How many ``context``-token requests of ``model`` fit on ``device`` (a hardware-table row)."""
+    config, spec = _config(model), _spec(device)
+    w = formulas.weight_bytes(config, weight_dtype) if weights is None else weights
+    budget = formulas.kv_memory_budget(config, spec.memory, weight_dtype, activation_reserve, w)
+    return Capacity(
+        model=config.name, device=spec.name, context=context,
+        kv_dtype=str(parse_dtype(kv_dtype)).removeprefix("torch."),
+        device_memory=spec.memory, weights=w, activation_reserve=activation_reserve,
+        kv_budget=budget, kv_bytes_per_token=formulas.kv_bytes_per_token(config, kv_dtype),
+        token_slots=formulas.kv_token_slots(config, max(budget, 0.0), kv_dtype),
+        max_requests=formulas.max_concurrent_requests(config, spec.memory, context, kv_dtype,
+                                                      activation_reserve, weight_dtype, w),
+    )
+
+
+def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b"),
+                  device: str = "A100 80GB SXM", contexts=None, kv_dtype="bfloat16",
+                  activation_reserve: float = DEFAULT_ACTIVATION_RESERVE, ax=None):
+    """Requests that fit against context length, one line per model: the site's static figure."""
+    import matplotlib.pyplot as plt
+
+    contexts = contexts or [2**i for i in range(9, 16)]  # 512 .. 32K tokens
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.2))
+    spec = _spec(device)
+    for name in models:
+        counts = [capacity(name, spec, c, kv_dtype, activation_reserve=activation_reserve)
+                  .max_requests for c in contexts]
+        kib = formulas.kv_bytes_per_token(_config(name), kv_dtype) / 2**10
+        ax.plot(contexts, counts, "o-", label=f"{name} ({kib:,.0f} KiB/token)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("context reserved per request (tokens)")
+    ax.set_ylabel("requests that fit at once")
+    ax.set_title(f"KV cache capacity on {spec.name} ({spec.memory / 1e9:.0f} GB), "
+                 f"{str(parse_dtype(kv_dtype)).removeprefix('torch.')} cache, "
+                 f"{activation_reserve / 1e9:.0f} GB reserve")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def capacity_widget():
+    """An ipywidgets calculator: model x device x context x dtype -> concurrent requests.
+
+    Raises ImportError when ipywidgets is missing (``pip install ipywidgets``); a notebook that
+    should run everywhere calls ``show_capacity()`` instead.
+    """
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    names = [n for n in model_presets() if n not in ("tiny", "small", "medium")]
+    model = widgets.Dropdown(options=names, value="llama-2-13b", description="model")
+    device = widgets.Dropdown(options=gpu_names(), value="A100 40GB SXM", description="device")
+    context = widgets.IntSlider(value=2048, min=256, max=32768, step=256,
+                                description="context", continuous_update=False)
+    kv_dtype = widgets.Dropdown(options=["bfloat16", "float32"], value="bfloat16",
+                                description="KV dtype")
+    reserve = widgets.FloatSlider(value=DEFAULT_ACTIVATION_RESERVE / 1e9, min=0, max=20, step=0.5,
+                                  description="reserve GB", continuous_update=False)
+    out = widgets.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            try:
+                result = capacity(model.value, device.value, context.value, kv_dtype.value,
+                                  activation_reserve=reserve.value * 1e9)
+            except ValueError as error:
+                print(error)
+                return
+            print(result)
+            plot_capacity([model.value], device.value, kv_dtype=kv_dtype.value,
+                          activation_reserve=reserve.value * 1e9)
+            plt.show()
+
+    for w in (model, device, context, kv_dtype, reserve):
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([model, device]), widgets.HBox([context, kv_dtype]),
+                         reserve, out])
+
+
+def show_capacity(**plot_kwargs):
+    """The widget when ipywidgets is importable, else the static figure (returns what it made)."""
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return plot_capacity(**plot_kwargs)
+    return capacity_widget()
