@@ -202,3 +202,17 @@ def attention_decode_intensity(bytes_per_element: float = 2.0, group_size: int =
     """
     _positive(bytes_per_element=bytes_per_element, group_size=group_size)
     return 2 * group_size / bytes_per_element
+
+
+def recompute_flops(config: "ModelConfig", context: int) -> int:
+    """FLOPs to get the next token without a cache: a forward pass over all ``context`` tokens.
+
+    Every token goes through every weight matmul (including the output projection, since the
+    model computes logits for each position), and causal attention does 4 x H x D FLOPs per
+    (query, earlier-or-same key) pair: context x (context + 1) / 2 pairs per layer. Compare
+    ``flops_per_token(config, context - 1)``, the cost with a cache: about ``context`` times less.
+    """
+    _positive(context=context)
+    matmul_params = param_count(config, include_embeddings=False) + config.vocab_size * config.d_model
+    pairs = context * (context + 1) // 2
+    return 2 * matmul_params * context + 4 * config.n_layers * config.n_heads * config.head_dim * pairs

@@ -163,13 +163,16 @@ class StaticKVCache(KVCache):
     unfilled slots instead, as gpt-fast's cache does. The answers are the same; each step reads
     the whole buffer, so size it to the context you need.
 
-    In eager mode it validates and keeps ``length`` like KVCache. Inside a compiled function it
-    does neither (both would read device values on the host): the caller then owns ``length``.
+    In eager mode it validates and keeps ``length`` like KVCache. Inside a compiled function, or
+    with ``checks = False``, it does neither (both read device values on the host, which makes
+    a GPU wait): the caller then owns ``length``.
     """
+
+    checks: bool = True
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        eager = not torch.compiler.is_compiling()
+        eager = self.checks and not torch.compiler.is_compiling()
         if eager:
             self._validate(layer, positions, k, v)
         k_all, v_all = self.k[layer], self.v[layer]  # (B, K, T_max, D)
