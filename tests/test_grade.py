@@ -1,0 +1,223 @@
+"""The grader (``python -m inferlab.grade``) on planted submissions made from Lab 1.
+
+The test writes the submissions itself, from ``labs/01_roofline.ipynb``: all correct (each
+exercise cell replaced by the solution's), one wrong exercise, unattempted (the lab as it is), a
+syntax error, an infinite loop, a crash, and a file that is not JSON. The four that run the whole
+lab go through one grader call, two at a time; the ones that stop early go through a second
+call with a short timeout, which shows that a notebook that hangs or dies does not stop the
+next one. Both calls run the CPU profile (conftest sets INFERLAB_PROFILE=cpu).
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from inferlab import grade
+
+LAB = "01_roofline.ipynb"
+WRONG = "Exercise 1.2"  # planted bug: leave the output matrix out of the bytes moved
+LOOP_TIMEOUT_S = 15
+
+
+def _exercise_cells(nb) -> list[int]:
+    return [i for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and c.source.lstrip().startswith("# Exercise")]
+
+
+def _cell_of(nb, label: str) -> int:
+    return next(i for i in _exercise_cells(nb) if nb.cells[i].source.lstrip().startswith(f"# {label}:"))
+
+
+@pytest.fixture(scope="module")
+def planted(root, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("submissions")
+    lab = nbformat.read(root / "labs" / LAB, as_version=4)
+    solution = nbformat.read(root / "solutions" / LAB, as_version=4)
+    assert _exercise_cells(lab) == _exercise_cells(solution)
+
+    correct = copy.deepcopy(lab)
+    for i in _exercise_cells(lab):
+        correct.cells[i].source = solution.cells[i].source
+    wrong, syntax, loop, crash = (copy.deepcopy(correct) for _ in range(4))
+    i = _cell_of(wrong, WRONG)
+    assert "(m * k + k * n + m * n)" in wrong.cells[i].source
+    wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
+    syntax.cells[i].source = syntax.cells[i].source.replace("return flops / moved", "return flops / (moved")
+    first = _cell_of(loop, "Exercise 1.1")
+    loop.cells[first].source = loop.cells[first].source.replace(
+        "return peak_flops / bandwidth", "while True:\n        pass")
+    crash.cells[first].source = crash.cells[first].source.replace(
+        "return peak_flops / bandwidth", "import os\n    os._exit(1)")
+    for nb in (syntax, loop, crash):
+        assert nb.cells != correct.cells
+
+    paths = {}
+    for name, nb in [("correct", correct), ("wrong", wrong), ("unattempted", lab),
+                     ("syntax", syntax), ("loop", loop), ("crash", crash)]:
+        paths[name] = folder / f"{name}.ipynb"
+        nbformat.write(nb, paths[name])
+    paths["notjson"] = folder / "notjson.ipynb"
+    paths["notjson"].write_text("print('this is a script, not a notebook')\n")
+    # A learner's own run left a fake pass in the unattempted notebook: it must count for nothing.
+    fake = json.loads(paths["unattempted"].read_text())
+    code = next(c for c in fake["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout",
+                        "text": "[PASS] Exercise 1.2: matmul_intensity is correct.\n"}]
+    paths["unattempted"].write_text(json.dumps(fake))
+    return paths
+
+
+def _grade_cli(paths, *options, cwd) -> tuple[int, dict, float]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "inferlab.grade", *map(str, paths), "--json",
+                           "--quiet", *options], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "INFERLAB_PROFILE": "cpu"}, timeout=900)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout), time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def full_runs(planted, tmp_path_factory):
+    """correct, wrong, unattempted, syntax error and not-JSON in one call, two at a time."""
+    names = ["correct", "wrong", "unattempted", "syntax", "notjson"]
+    code, report, _ = _grade_cli([planted[n] for n in names], "--timeout", "400", "--jobs", "2",
+                                 cwd=tmp_path_factory.mktemp("grading"))
+    results = [grade.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    return code, report, dict(zip(names, results))
+
+
+@pytest.fixture(scope="module")
+def short_runs(planted, tmp_path_factory):
+    """The endless and the crashing notebook first, then one more: the last is still graded."""
+    names = ["loop", "crash", "notjson"]
+    code, report, seconds = _grade_cli([planted[n] for n in names], "--timeout", str(LOOP_TIMEOUT_S),
+                                       cwd=tmp_path_factory.mktemp("grading"))
+    results = [grade.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    return code, seconds, dict(zip(names, results))
+
+
+def _by_label(result):
+    return {e.exercise: e for e in result.exercises}
+
+
+def test_exercise_labels_come_from_the_check_module():
+    labels = grade.exercises_of("lab01")
+    assert labels == {"ridge_point": "1.1a", "decode_time_floor": "1.1b",
+                      "matmul_intensity": "1.2", "critical_batch": "1.3",
+                      "bandwidth_utilisation": "1.4"}
+    assert grade.exercises_of("lab99") == {} and grade.exercises_of("../grade") == {}
+
+
+def test_all_correct(full_runs):
+    r = full_runs[2]["correct"]
+    assert r.run == grade.COMPLETED and r.lab == "lab01"
+    assert [e.exercise for e in r.exercises] == list(grade.exercises_of("lab01").values())
+    assert all(e.result == grade.PASSED for e in r.exercises), r.exercises
+    assert r.cell_errors == []
+    assert grade.exit_status([r]) == grade.EXIT_ALL_PASSED
+
+
+def test_one_wrong_exercise_carries_the_checks_message(full_runs):
+    r = full_runs[2]["wrong"]
+    assert r.run == grade.COMPLETED
+    ex = _by_label(r)
+    assert ex["1.2"].result == grade.FAILED
+    assert ex["1.2"].message.startswith("[FAIL] Exercise 1.2 (matmul_intensity)")
+    assert "Hint: you left out the bytes of the output C" in ex["1.2"].message
+    assert all(e.result == grade.PASSED for k, e in ex.items() if k != "1.2")
+    assert grade.exit_status([full_runs[2]["correct"], r]) == grade.EXIT_NOT_ALL_PASSED
+
+
+def test_unattempted_lab_is_not_attempted_and_pasted_outputs_do_not_count(full_runs):
+    r = full_runs[2]["unattempted"]
+    assert r.run == grade.COMPLETED
+    assert r.exercises and all(e.result == grade.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    assert all(e.message.startswith(f"[TODO] Exercise {e.exercise}") for e in r.exercises)
+
+
+def test_syntax_error_fails_one_exercise_and_the_rest_are_still_graded(full_runs):
+    r = full_runs[2]["syntax"]
+    assert r.run == grade.COMPLETED
+    ex = _by_label(r)
+    assert ex["1.2"].result == grade.NOT_RUN
+    assert "raised NameError" in ex["1.2"].message and "check.matmul_intensity" in ex["1.2"].message
+    assert {k for k, e in ex.items() if e.result == grade.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
+    assert r.cell_errors[0]["ename"] == "SyntaxError"
+    assert "SyntaxError" in r.detail
+
+
+def test_a_file_that_is_not_json_gets_a_row_and_the_call_exits_3(full_runs):
+    code, report, results = full_runs
+    r = results["notjson"]
+    assert r.run == grade.UNREADABLE and "not JSON" in r.detail and r.exercises == []
+    assert code == report["exit_status"] == grade.EXIT_NOT_GRADED
+    assert [n["notebook"] for n in report["notebooks"]][-1].endswith("notjson.ipynb")
+
+
+def test_endless_and_crashing_notebooks_stop_alone(short_runs):
+    code, seconds, results = short_runs
+    loop, crash, after = results["loop"], results["crash"], results["notjson"]
+    assert loop.run == grade.TIMED_OUT and f"{LOOP_TIMEOUT_S:g} s budget" in loop.detail
+    assert all(e.result == grade.NOT_RUN for e in loop.exercises) and len(loop.exercises) == 5
+    assert loop.seconds < LOOP_TIMEOUT_S + 15
+    assert crash.run == grade.KERNEL_DIED and "kernel died" in crash.detail
+    assert all(e.result == grade.NOT_RUN for e in crash.exercises)
+    assert after.run == grade.UNREADABLE  # graded after the two that never finished
+    assert code == grade.EXIT_NOT_GRADED
+    assert seconds < 3 * (LOOP_TIMEOUT_S + 15)
+
+
+def test_text_and_csv_reports(full_runs):
+    results = list(full_runs[2].values())
+    text = grade.format_text(results)
+    assert text.splitlines()[0].split() == ["notebook", "run", "lab", "passed", "failed", "not",
+                                            "attempted", "not", "run", "seconds"]
+    assert "not JSON" in text and "[FAIL] Exercise 1.2" in text
+    rows = list(__import__("csv").DictReader(grade.format_csv(results).splitlines()))
+    assert len(rows) == 4 * 5 + 1  # five exercises for each run lab, one row for the non-notebook
+    assert {r["result"] for r in rows} == {"passed", "failed", "not attempted", "not run", ""}
+
+
+# Cheap checks of the parts that need no kernel.
+
+def test_tags_are_read_and_the_worst_report_wins():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from inferlab.checks import lab07 as chk\nchk.f(f)")]
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output("stream", text="[PASS] Exercise 7.1: f is correct.\n[TODO] Exercise 7.2: g\n"),
+        nbformat.v4.new_output("error", ename="CheckFailed", evalue="[FAIL] Exercise 7.1 (f): bad\n  Hint: h",
+                               traceback=[]),
+    ]
+    assert grade.read_tags(nb) == {"7.1": ("failed", "[FAIL] Exercise 7.1 (f): bad\n  Hint: h"),
+                                   "7.2": ("not attempted", "[TODO] Exercise 7.2: g")}
+    assert grade.find_check_module(["import inferlab.checks.lab03"]) == ("lab03", "inferlab.checks.lab03")
+    assert grade.find_check_module(["from inferlab.checks import lab07 as chk"]) == ("lab07", "chk")
+
+
+@pytest.mark.parametrize("content, run, detail", [
+    (None, grade.NOT_FOUND, "no such file"),
+    (b"\xff\xfe\x00", grade.UNREADABLE, "not UTF-8"),
+    (b'{"cells": 3}', grade.UNREADABLE, "not a notebook"),
+])
+def test_unreadable_files_are_reported_without_a_kernel(tmp_path, content, run, detail):
+    path = tmp_path / "x.ipynb"
+    if content is not None:
+        path.write_bytes(content)
+    r = grade.run_notebook(path, timeout=5)
+    assert r.run == run and detail in r.detail
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        grade.main([])
+    assert exc.value.code == grade.EXIT_USAGE
+    with pytest.raises(SystemExit) as exc:
+        grade.main(["x.ipynb", "--timeout", "0"])
+    assert exc.value.code == grade.EXIT_USAGE
