@@ -18,6 +18,23 @@ import torch
 import torch.nn.functional as F
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q (B, H, T, D) over k, v (B, K, S, D), where K divides H; mask (T, S) or None.
+
+    For one new token (T = 1) the g = H / K query heads that share a KV head are stacked as g
+    queries against that head: (B, K, g, D) over (B, K, S, D). Each KV head is then read once
+    for its whole group, which is what makes GQA and MQA decode read fewer bytes; the generic
+    ``enable_gqa`` path may expand K and V to H heads first on some backends.
+    """
+    B, H, T, D = q.shape
+    K = k.shape[1]
+    if T == 1 and H != K:
+        out = F.scaled_dot_product_attention(q.reshape(B, K, H // K, D), k, v, attn_mask=mask)
+        return out.reshape(B, H, 1, D)  # query head h used KV head h // (H / K), as enable_gqa does
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != K)
+
+
 class CacheFullError(RuntimeError):
     """Raised when a write would go past the cache's capacity."""
 
@@ -149,8 +166,7 @@ class KVCache:
         mask = None
         if T > 1:  # query at position p sees keys 0..p
             mask = torch.arange(end, device=q.device) <= positions[:, None]  # (T, end)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                              enable_gqa=q.shape[1] != k_all.shape[1])
+        return grouped_attention(q, k_all, v_all, mask)
 
 
 class StaticKVCache(KVCache):
@@ -179,8 +195,7 @@ class StaticKVCache(KVCache):
         k_all.index_copy_(2, positions, k)
         v_all.index_copy_(2, positions, v)
         mask = torch.arange(self.max_len, device=q.device) <= positions[:, None]  # (T, T_max)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                             enable_gqa=q.shape[1] != k_all.shape[1])
+        out = grouped_attention(q, k_all, v_all, mask)
         if eager and layer == self.n_layers - 1:
             self.length = max(self.length, int(positions[-1]) + 1)
         return out

@@ -278,3 +278,16 @@ def test_conversion_keeps_qwen2_biases_and_tied_embeddings():
     converted = convert_kv_heads(build_model(cfg, seed=1), 1)
     assert converted.model.layers[0].self_attn.k_proj.bias.shape == (16,)
     assert converted.lm_head.weight is converted.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("heads,kv_heads,T", [(8, 2, 1), (8, 1, 1), (8, 8, 1), (8, 2, 5)])
+def test_grouped_attention_equals_sdpa_with_enable_gqa(heads, kv_heads, T):
+    from inferlab.kv_cache import grouped_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads, T, 16, generator=gen)
+    k, v = torch.randn(2, kv_heads, 9, 16, generator=gen), torch.randn(2, kv_heads, 9, 16, generator=gen)
+    mask = torch.arange(9) <= torch.arange(9 - T, 9)[:, None]  # the last T of 9 positions
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask), expected, atol=1e-5, rtol=1e-5)
