@@ -203,7 +203,9 @@ def gather_index(tables: list[BlockTable], lengths: list[int],
 
 def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """K or V from one layer's pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D)."""
-    return pool[index].transpose(1, 2)  # (B, N, K, D) -> (B, K, N, D)
+    B, N = index.shape
+    rows = pool.index_select(0, index.reshape(-1)).view(B, N, *pool.shape[1:])  # (B, N, K, D)
+    return rows.transpose(1, 2)  # (B, K, N, D)
 
 
 class PagedKVCache:
