@@ -1,0 +1,197 @@
+"""What serving operators watch: TTFT, time per output token, end-to-end latency, throughput.
+
+A serving engine stamps the wall-clock time at which each output token of a request becomes
+available (streamed to the user). Everything here is computed from those stamps and the
+request's arrival time:
+
+- **TTFT** (time to first token) = first stamp - arrival: queueing plus prefill. It is what a
+  chat user feels before anything appears.
+- **TPOT** (time per output token) = (last stamp - first stamp) / (tokens - 1): the average gap
+  between tokens once streaming has started (undefined for a one-token answer). It is the
+  decode speed a user reads at.
+- **Latency** (end to end) = last stamp - arrival.
+- **Throughput** = output tokens of all requests / the time from the first arrival to the last
+  token; **request rate** the same with requests.
+- **Goodput** = requests per second that met a service-level objective (SLO) on TTFT and TPOT,
+  the quantity DistServe (Zhong et al., OSDI 2024) optimises instead of raw throughput.
+
+Operators report percentiles (p50, p95, p99) rather than means: a mean hides the tail, and the
+tail is what a service promises. Percentiles here use linear interpolation between the two
+nearest ranks, the convention of ``numpy.percentile``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+PERCENTILES = (50, 95, 99)
+
+
+def ttft(arrival_s: float, token_times_s: Sequence[float]) -> float:
+    """Time to first token: the first token's stamp minus the arrival time (seconds)."""
+    if not token_times_s:
+        raise ValueError("a request with no output tokens has no time to first token")
+    return token_times_s[0] - arrival_s
+
+
+def tpot(token_times_s: Sequence[float]) -> float:
+    """Time per output token after the first: (last - first) / (n - 1); NaN when n == 1."""
+    if not token_times_s:
+        raise ValueError("a request with no output tokens has no time per output token")
+    n = len(token_times_s)
+    return math.nan if n == 1 else (token_times_s[-1] - token_times_s[0]) / (n - 1)
+
+
+def latency(arrival_s: float, token_times_s: Sequence[float]) -> float:
+    """End-to-end latency: the last token's stamp minus the arrival time (seconds)."""
+    if not token_times_s:
+        raise ValueError("a request with no output tokens has no end-to-end latency")
+    return token_times_s[-1] - arrival_s
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0 <= q <= 100) of ``values``, NaNs dropped; NaN if none remain.
+
+    Sort the values; the percentile sits at fractional rank r = q/100 x (n - 1) and is
+    interpolated linearly between the values at ranks floor(r) and ceil(r).
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must lie in [0, 100], got {q}")
+    xs = sorted(v for v in values if not math.isnan(v))
+    if not xs:
+        return math.nan
+    rank = q / 100 * (len(xs) - 1)
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One request's arrival and the stamps of its output tokens, in seconds on one clock."""
+
+    arrival_s: float
+    token_times_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        times = tuple(float(t) for t in self.token_times_s)
+        object.__setattr__(self, "token_times_s", times)
+        if any(b < a for a, b in zip(times, times[1:])):
+            raise ValueError("token times must not decrease")
+        if times and times[0] < self.arrival_s:
+            raise ValueError(f"the first token ({times[0]:.6f} s) is stamped before the "
+                             f"request arrived ({self.arrival_s:.6f} s)")
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def ttft(self) -> float:
+        return ttft(self.arrival_s, self.token_times_s)
+
+    @property
+    def tpot(self) -> float:
+        return tpot(self.token_times_s)
+
+    @property
+    def latency(self) -> float:
+        return latency(self.arrival_s, self.token_times_s)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """A service-level objective: first token within ``ttft_s``, then ``tpot_s`` per token."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.tpot_s > 0):
+            raise ValueError(f"SLO bounds must be positive seconds, got {self}")
+
+    def met_by(self, timing: RequestTiming) -> bool:
+        """Whether a finished request met both bounds (a one-token answer has no TPOT)."""
+        if timing.n_tokens == 0 or timing.ttft > self.ttft_s:
+            return False
+        return timing.n_tokens == 1 or timing.tpot <= self.tpot_s
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """The mean and the p50, p95 and p99 of one metric, in seconds."""
+
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Percentiles":
+        xs = [v for v in values if not math.isnan(v)]
+        mean = sum(xs) / len(xs) if xs else math.nan
+        return cls(mean, *(percentile(xs, q) for q in PERCENTILES))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A serving run in numbers: counts, rates and the three latency metrics' percentiles."""
+
+    n_requests: int
+    n_tokens: int
+    duration_s: float        # first arrival to last token
+    throughput: float        # output tokens per second
+    request_rate: float      # finished requests per second
+    ttft: Percentiles
+    tpot: Percentiles
+    latency: Percentiles
+    slo: SLO | None = None
+    slo_attainment: float = math.nan  # fraction of requests within the SLO
+    goodput: float = math.nan         # requests per second within the SLO
+
+    def row(self) -> dict:
+        """A flat dictionary (seconds and per-second rates), for tables and JSON files."""
+        out = {"n_requests": self.n_requests, "n_tokens": self.n_tokens,
+               "duration_s": self.duration_s, "throughput_tok_s": self.throughput,
+               "request_rate": self.request_rate}
+        for name in ("ttft", "tpot", "latency"):
+            p = getattr(self, name)
+            out.update({f"{name}_mean_s": p.mean, f"{name}_p50_s": p.p50,
+                        f"{name}_p95_s": p.p95, f"{name}_p99_s": p.p99})
+        if self.slo is not None:
+            out.update(slo_ttft_s=self.slo.ttft_s, slo_tpot_s=self.slo.tpot_s,
+                       slo_attainment=self.slo_attainment, goodput_req_s=self.goodput)
+        return out
+
+    def __str__(self) -> str:
+        ms = 1e3
+        text = (f"{self.n_requests} requests, {self.n_tokens} tokens in {self.duration_s:.2f} s: "
+                f"{self.throughput:,.1f} tok/s | TTFT p50 {self.ttft.p50 * ms:.0f} ms, "
+                f"p99 {self.ttft.p99 * ms:.0f} ms | TPOT p50 {self.tpot.p50 * ms:.1f} ms | "
+                f"latency p50 {self.latency.p50 * ms:.0f} ms, p99 {self.latency.p99 * ms:.0f} ms")
+        if self.slo is not None:
+            text += f" | goodput {self.goodput:.2f} req/s ({self.slo_attainment:.0%} in SLO)"
+        return text
+
+
+def summarize(timings: Sequence[RequestTiming], slo: SLO | None = None) -> Summary:
+    """Throughput, percentiles and (with an SLO) goodput of a set of finished requests."""
+    done = [t for t in timings if t.n_tokens > 0]
+    if not done:
+        raise ValueError("no request produced a token: nothing to summarise")
+    start = min(t.arrival_s for t in done)
+    end = max(t.token_times_s[-1] for t in done)
+    duration = end - start
+    n_tokens = sum(t.n_tokens for t in done)
+    rate = (lambda count: count / duration if duration > 0 else math.inf)
+    attainment = goodput = math.nan
+    if slo is not None:
+        met = sum(slo.met_by(t) for t in done)
+        attainment, goodput = met / len(done), rate(met)
+    return Summary(n_requests=len(done), n_tokens=n_tokens, duration_s=duration,
+                   throughput=rate(n_tokens), request_rate=rate(len(done)),
+                   ttft=Percentiles.of(t.ttft for t in done),
+                   tpot=Percentiles.of(t.tpot for t in done),
+                   latency=Percentiles.of(t.latency for t in done),
+                   slo=slo, slo_attainment=attainment, goodput=goodput)

@@ -1,0 +1,356 @@
+"""The iteration-level scheduler: who runs in the next step, and who waits.
+
+Orca (Yu et al., OSDI 2022) schedules a serving engine one iteration at a time instead of one
+batch at a time: before every forward pass the scheduler re-forms the batch, so a finished
+request leaves at once and a waiting one joins at once. vLLM (Kwon et al., SOSP 2023) pairs
+that with the paged KV cache (``inferlab.paged``): a request is admitted when the blocks for
+its prompt are free, takes one more block each time it crosses a block boundary, and when the
+pool runs dry the scheduler *preempts*: it frees every block of the latest-arrived running
+request and puts it back in the waiting queue, to be recomputed from its prompt and the tokens
+it already produced (first come, first served; all or nothing).
+
+Read in this order:
+
+- ``Sequence``: one request's state (its prompt, its output so far, its block table).
+- ``Step``: what one forward pass will run: prefills, decodes, and who was preempted.
+- ``Scheduler``: the waiting and running queues and the only actions that change a sequence
+  (``admit``, ``append_slot``, ``preempt``, ``update``/``retire``), each with the check a policy
+  asks first (``can_admit``, ``can_append``). The model runner only reads sequences.
+- ``continuous_policy`` and ``static_policy``: the two decisions the chapter compares, written
+  with those actions. A policy is a function ``policy(scheduler, now) -> Step``.
+
+Token bookkeeping, the invariant the engine relies on: after each step that sampled a token for
+a sequence, its block table holds K/V for ``len(prompt) + len(output) - 1`` tokens; the newest
+token's K/V is written by the next decode step, which feeds that token in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from inferlab.paged import BlockAllocator, BlockTable
+
+
+class SchedulingError(RuntimeError):
+    """A policy broke the rules: ran a sequence without room, or ran one twice in a step."""
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine. Only the ``Scheduler`` changes its fields."""
+
+    seq_id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    output: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    table: BlockTable | None = None
+    num_preemptions: int = 0
+
+    @property
+    def order(self) -> tuple[float, int]:
+        """First come, first served: by arrival time, then by id."""
+        return (self.arrival_s, self.seq_id)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The prompt and every token produced so far: what a (re)computing prefill runs."""
+        return [*self.prompt, *self.output]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens whose K/V the sequence stores at its longest (the last token is never fed)."""
+        return len(self.prompt) + self.max_new_tokens - 1
+
+    @property
+    def is_done(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt)}, "
+                f"output={len(self.output)}/{self.max_new_tokens}, "
+                f"preempted={self.num_preemptions})")
+
+
+@dataclass
+class Step:
+    """One iteration: prefill each of ``prefills`` (alone), then decode ``decodes`` as a batch.
+
+    ``padding`` rows ride along in the decode batch without producing tokens: finished members
+    of a static batch, which hold their place until the whole batch is done (and cost as much
+    as real rows). With ``hold_finished``, a sequence that finishes this step stays in the
+    batch instead of retiring. ``wake_at_s`` lets a policy that chose to wait (dynamic
+    batching's window) say when it wants to be asked again.
+    """
+
+    prefills: list[Sequence] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    padding: list[Sequence] = field(default_factory=list)
+    hold_finished: bool = False
+    wake_at_s: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def scheduled(self) -> list[Sequence]:
+        """Every sequence that gets a new token this step, in the order the engine runs them."""
+        return [*self.prefills, *self.decodes]
+
+
+def _insert(queue: list[Sequence], seq: Sequence) -> None:
+    """Insert ``seq`` keeping ``queue`` sorted by arrival (FCFS)."""
+    bisect.insort(queue, seq, key=lambda s: s.order)
+
+
+class Scheduler:
+    """Waiting and running queues over one block pool; ``policy`` decides each step.
+
+    ``max_batch`` caps how many sequences run at once (vLLM's ``max_num_seqs``) and
+    ``max_prefill_tokens`` how many prompt tokens one step may prefill (at least one prefill
+    always goes, however long).
+    """
+
+    def __init__(self, allocator: BlockAllocator, block_size: int = 16, max_batch: int = 32,
+                 policy: Callable[["Scheduler", float], Step] | None = None,
+                 max_prefill_tokens: int | None = None):
+        if not isinstance(max_batch, int) or max_batch <= 0:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if max_prefill_tokens is not None and max_prefill_tokens <= 0:
+            raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens or math.inf
+        self.policy = policy or continuous_policy
+        self.waiting: list[Sequence] = []   # sorted by arrival
+        self.running: list[Sequence] = []   # sorted by arrival
+        self.finished: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- questions a policy asks ------------------------------------------------------------
+    def blocks_for(self, n_tokens: int) -> int:
+        """Blocks that hold ``n_tokens`` tokens: ceil(n_tokens / block_size)."""
+        return -(-n_tokens // self.block_size)
+
+    def can_admit(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may start running now: a batch slot and blocks for all its tokens."""
+        return (len(self.running) < self.max_batch
+                and self.allocator.can_allocate(self.blocks_for(seq.num_tokens)))
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether a running ``seq`` can get one more token slot (a new block if it needs one)."""
+        return seq.table.can_append(1)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the actions: the only code that changes a sequence's state ------------------------
+    def add(self, seq: Sequence) -> None:
+        """A new request joins the waiting queue."""
+        if seq.status is not Status.WAITING or seq.table is not None:
+            raise SchedulingError(f"only new sequences can be added, got {seq!r}")
+        if self.blocks_for(seq.max_tokens) > self.allocator.num_blocks:
+            raise ValueError(f"sequence {seq.seq_id} needs {self.blocks_for(seq.max_tokens)} "
+                             f"blocks at its longest but the pool has "
+                             f"{self.allocator.num_blocks}: it could never finish")
+        _insert(self.waiting, seq)
+
+    def admit(self, seq: Sequence) -> None:
+        """Move ``seq`` from waiting to running, with blocks for its prompt and output so far."""
+        if seq.status is not Status.WAITING:
+            raise SchedulingError(f"admit: {seq!r} is not waiting")
+        if len(self.running) >= self.max_batch:
+            raise SchedulingError(f"admit: the batch is full ({self.max_batch} running)")
+        table = BlockTable(self.allocator, self.block_size)
+        table.append(seq.num_tokens)  # raises OutOfBlocksError, changing nothing, if no room
+        self.waiting.remove(seq)
+        seq.table, seq.status = table, Status.RUNNING
+        _insert(self.running, seq)
+
+    def append_slot(self, seq: Sequence) -> None:
+        """Give a running ``seq`` room for the token its next decode feeds in."""
+        if seq.status is not Status.RUNNING:
+            raise SchedulingError(f"append_slot: {seq!r} is not running")
+        seq.table.append(1)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free all of ``seq``'s blocks and send it back to wait; it will be recomputed."""
+        if seq.status is not Status.RUNNING:
+            raise SchedulingError(f"preempt: {seq!r} is not running")
+        seq.table.free()
+        self.running.remove(seq)
+        seq.table, seq.status = None, Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        _insert(self.waiting, seq)
+
+    def retire(self, seq: Sequence) -> None:
+        """A finished ``seq`` leaves the batch and returns its blocks."""
+        if seq.status is not Status.RUNNING or not seq.is_done:
+            raise SchedulingError(f"retire: {seq!r} is not a finished running sequence")
+        seq.table.free()
+        self.running.remove(seq)
+        seq.table, seq.status = None, Status.FINISHED
+        self.finished.append(seq)
+
+    def schedule(self, now: float = 0.0) -> Step:
+        """Ask the policy for the next step and check that it kept the rules."""
+        step = self.policy(self, now)
+        self._validate(step)
+        return step
+
+    def update(self, step: Step, tokens: list[int]) -> list[Sequence]:
+        """Record each scheduled sequence's new token; retire the finished ones and return them."""
+        scheduled = step.scheduled
+        if len(tokens) != len(scheduled):
+            raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
+        done = []
+        for seq, token in zip(scheduled, tokens):
+            seq.output.append(int(token))
+            if seq.is_done:
+                done.append(seq)
+                if not step.hold_finished:
+                    self.retire(seq)
+        return done
+
+    def _validate(self, step: Step) -> None:
+        seen = set()
+        for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes)):
+            for seq in seqs:
+                if id(seq) in seen:
+                    raise SchedulingError(f"{seq!r} is scheduled twice in one step")
+                seen.add(id(seq))
+                if seq.status is not Status.RUNNING:
+                    raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
+                                          "first (and do not run a sequence you preempted)")
+                if seq.table.num_tokens != seq.num_tokens:
+                    raise SchedulingError(
+                        f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
+                        f"tokens but the step needs room for {seq.num_tokens} (prefill: admit "
+                        "gives room for every token; decode: call append_slot once)")
+        for seq in step.padding:
+            if seq.status is not Status.RUNNING or not seq.is_done or id(seq) in seen:
+                raise SchedulingError(f"padding row {seq!r} must be a finished member of the "
+                                      "running batch, not scheduled otherwise")
+            seen.add(id(seq))
+        for seq in self.running:
+            if id(seq) not in seen:
+                raise SchedulingError(f"{seq!r} is running but got no token this step: every "
+                                      "running sequence decodes in every step")
+
+
+def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
+    """Iteration-level batching with preemption by recompute (vLLM's default policy).
+
+    1. Every running sequence, oldest first, gets a slot for its next token. When the pool is
+       empty, preempt the latest-arrived running sequence (possibly this one) until it fits.
+    2. If nobody was preempted, admit waiting sequences in arrival order while a batch slot,
+       their blocks and the prefill-token budget allow; stop at the first that does not fit.
+    """
+    step = Step()
+    for seq in list(sched.running):  # oldest first; the list changes as we preempt
+        if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+            continue
+        while not sched.can_append(seq):
+            victim = sched.running[-1]  # the latest arrival
+            sched.preempt(victim)
+            step.preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            sched.append_slot(seq)
+            step.decodes.append(seq)
+    if step.preempted:  # memory is short: admitting now would only preempt again
+        return step
+    budget = sched.max_prefill_tokens
+    while sched.waiting and sched.can_admit(sched.waiting[0]):
+        seq = sched.waiting[0]
+        if step.prefills and seq.num_tokens > budget:
+            break
+        sched.admit(seq)
+        step.prefills.append(seq)
+        budget -= seq.num_tokens
+    return step
+
+
+def static_reservation(sched: Scheduler, seqs: list[Sequence]) -> int:
+    """Blocks a static batch reserves: each member's longest length, from the start."""
+    return sum(sched.blocks_for(s.max_tokens) for s in seqs)
+
+
+def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
+                  pad: bool = True) -> Step:
+    """Request-level (static) batching: form a batch, run it until its last member finishes.
+
+    While a batch is in flight nobody joins it, and (with ``pad``, as FasterTransformer-style
+    engines do) members that finished stay in the decode batch as padding rows until the
+    longest is done. When the batch is over, the waiting requests (up to ``max_batch``, in
+    arrival order, while their full-length reservations fit) form the next one. With
+    ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to that long
+    after its oldest request arrived, hoping to fill. Prompts are prefilled one by one at their
+    own length (kinder to the baseline than padding them to the longest).
+    """
+    step = Step(hold_finished=pad)
+    live = [s for s in sched.running if not s.is_done]
+    if live:  # a batch is in flight
+        for seq in live:
+            sched.append_slot(seq)  # cannot fail: the batch reserved its blocks at launch
+            step.decodes.append(seq)
+        step.padding = [s for s in sched.running if s.is_done]
+        return step
+    for seq in list(sched.running):  # the batch is over: it leaves as a whole
+        sched.retire(seq)
+    if not sched.waiting:
+        return step
+    deadline = sched.waiting[0].arrival_s + max_wait_s
+    if max_wait_s > 0 and len(sched.waiting) < sched.max_batch and now < deadline:
+        step.wake_at_s = deadline
+        return step
+    batch: list[Sequence] = []
+    for seq in sched.waiting[:sched.max_batch]:
+        if static_reservation(sched, batch + [seq]) > sched.allocator.num_free:
+            break
+        batch.append(seq)
+    for seq in batch:
+        sched.admit(seq)
+        step.prefills.append(seq)
+    return step
+
+
+def make_static_policy(max_wait_s: float = 0.0,
+                       pad: bool = True) -> Callable[[Scheduler, float], Step]:
+    """A static (``max_wait_s=0``) or dynamic-batching (``max_wait_s>0``) policy function.
+
+    ``pad=False`` lets finished members leave the decode batch early (no padding rows); the
+    batch still admits nobody until all its members are done.
+    """
+    if max_wait_s < 0:
+        raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+
+    def policy(sched: Scheduler, now: float = 0.0) -> Step:
+        return static_policy(sched, now, max_wait_s, pad)
+
+    policy.__name__ = "static_policy" if max_wait_s == 0 else f"dynamic_policy({max_wait_s}s)"
+    return policy
+
+
+POLICIES = {"continuous": continuous_policy, "static": static_policy}

@@ -1,0 +1,279 @@
+"""A discrete-event simulator of the serving engine: the same scheduler, modelled step times.
+
+A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
+many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
+attend over. So a simulator can replay a trace with the *real* scheduler and block allocator
+(``inferlab.scheduler``, ``inferlab.paged``) and the *real* event loop (``engine.drive``), and
+replace only the model by a cost model that says how long each step takes, charged to a virtual
+clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only step
+times are modelled. Two cost models:
+
+- ``FittedCosts``: calibrated on this machine. Prefill time a + b T + c T^2 in the prompt
+  length T; decode time a + b n + c C in the batch n and the context C (K/V tokens read), fitted
+  by least squares to step times measured with ``torch.utils.benchmark`` (``measure_costs``)
+  or taken from an engine run's iteration log (``FittedCosts.from_iterations``).
+- ``RooflineCosts``: a table GPU and model (``data/hardware.csv``, ``data/models.csv``): each step
+  takes max(FLOPs / peak, bytes / bandwidth) from ``inferlab.formulas``, optionally derated by
+  an efficiency and padded with a fixed per-step overhead. With efficiency 1 and no overhead it
+  is the roofline's bound: no real engine is faster.
+
+Vidur (Agrawal et al., MLSys 2024) simulates LLM serving the same way, at far greater detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import numpy as np
+import torch
+
+from inferlab import formulas
+from inferlab.engine import Iteration, ModelRunner, Request, drive
+from inferlab.metrics import RequestTiming, SLO, Summary, summarize
+from inferlab.paged import BlockAllocator, PagedKVCache
+from inferlab.scheduler import Scheduler, Sequence
+from inferlab.timing import time_fn
+
+
+class CostModel(Protocol):
+    def prefill_s(self, n_tokens: int) -> float: ...
+    def decode_s(self, batch: int, context_tokens: int) -> float: ...
+
+
+def _lstsq(rows: list[list[float]], ys: list[float]) -> tuple[float, ...]:
+    coef, *_ = np.linalg.lstsq(np.asarray(rows, dtype=float), np.asarray(ys, dtype=float),
+                               rcond=None)
+    return tuple(float(c) for c in coef)
+
+
+@dataclass(frozen=True)
+class FittedCosts:
+    """Step times fitted to measurements: prefill a + bT + cT^2, decode a + bn + cC (seconds)."""
+
+    prefill: tuple[float, float, float]
+    decode: tuple[float, float, float]
+    source: str = ""
+
+    def prefill_s(self, n_tokens: int) -> float:
+        a, b, c = self.prefill
+        return max(0.0, a + b * n_tokens + c * n_tokens**2)
+
+    def decode_s(self, batch: int, context_tokens: int) -> float:
+        a, b, c = self.decode
+        return max(0.0, a + b * batch + c * context_tokens)
+
+    @classmethod
+    def fit(cls, prefills: Iterable[tuple[int, float]],
+            decodes: Iterable[tuple[int, int, float]], source: str = "") -> "FittedCosts":
+        """Least squares over (T, seconds) prefill samples and (n, C, seconds) decode samples."""
+        prefills, decodes = list(prefills), list(decodes)
+        if len({t for t, _ in prefills}) < 3 or len({(n, c) for n, c, _ in decodes}) < 3:
+            raise ValueError("need prefills at 3 or more lengths and decodes at 3 or more "
+                             "(batch, context) points to fit the cost model")
+        p = _lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
+        d = _lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
+        return cls(p, d, source)
+
+    @classmethod
+    def from_iterations(cls, iterations: Iterable[Iteration], source: str = "") -> "FittedCosts":
+        """Fit to the prefills and decode batches an engine run logged (``Engine.iterations``)."""
+        prefills, decodes = [], []
+        for it in iterations:
+            prefills.extend((n, s) for _, n, s in it.prefills)
+            if it.decode_ids:
+                decodes.append((it.decode_batch, it.decode_context, it.decode_s))
+        return cls.fit(prefills, decodes, source or "fitted to an engine run's iterations")
+
+
+def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
+                  contexts=(16, 64, 128), block_size: int = 16,
+                  min_run_time: float = 0.05) -> FittedCosts:
+    """Time the engine's own prefill and decode steps at a grid of sizes; fit ``FittedCosts``.
+
+    Each decode point runs ``batch`` sequences that each hold ``context`` tokens, so it reads
+    batch x context K/V tokens. Timing uses ``inferlab.timing.time_fn`` (medians).
+    """
+    longest = max(max(prefill_lens), max(contexts) + 1)
+    num_blocks = max(batches) * -(-longest // block_size) + 1
+    cache = PagedKVCache.for_model(model, num_blocks, block_size)
+    runner = ModelRunner(model, cache)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+
+    def sequence(i: int, n_tokens: int) -> Sequence:
+        seq = Sequence(i, tuple(torch.randint(0, vocab, (n_tokens - 1,), generator=gen).tolist()),
+                       2, output=[int(torch.randint(0, vocab, (1,), generator=gen))])
+        seq.table = cache.new_table()
+        seq.table.append(seq.num_tokens)
+        return seq
+
+    prefills, decodes = [], []
+    for t in prefill_lens:
+        seq = sequence(0, t)
+        prefills.append((t, time_fn(lambda: runner.prefill(seq), min_run_time=min_run_time).median_s))
+        seq.table.free()
+    for n in batches:
+        for c in contexts:
+            seqs = [sequence(i, c) for i in range(n)]
+            s = time_fn(lambda: runner.decode(seqs), min_run_time=min_run_time).median_s
+            decodes.append((n, n * c, s))
+            for seq in seqs:
+                seq.table.free()
+    return FittedCosts.fit(prefills, decodes, f"measured on {model.device} with time_fn")
+
+
+@dataclass(frozen=True)
+class RooflineCosts:
+    """Step times of ``config`` on a table device: max(FLOPs / peak, bytes / bandwidth).
+
+    ``efficiency`` derates both peaks (1.0: the roofline bound); ``overhead_s`` is added to
+    every forward pass (kernel launches, Python).
+    """
+
+    config: object            # an inferlab.model.ModelConfig
+    peak_flops: float         # FLOP/s
+    bandwidth: float          # bytes/s
+    dtype: str = "bfloat16"
+    efficiency: float = 1.0
+    overhead_s: float = 0.0
+
+    @classmethod
+    def for_device(cls, config, spec, dtype: str = "bfloat16", **kw) -> "RooflineCosts":
+        """From a ``hardware.DeviceSpec`` (a row of ``data/hardware.csv``)."""
+        peak = spec.peak_flops(dtype)
+        if peak is None:
+            raise ValueError(f"{spec.name} has no {dtype} peak in the hardware table")
+        return cls(config, peak, spec.bandwidth, dtype, **kw)
+
+    def _time(self, flops: float, nbytes: float) -> float:
+        compute = flops / (self.peak_flops * self.efficiency)
+        memory = nbytes / (self.bandwidth * self.efficiency)
+        return max(compute, memory) + self.overhead_s
+
+    def prefill_s(self, n_tokens: int) -> float:
+        c = self.config
+        base = formulas.flops_per_token(c, 0)
+        attention = formulas.flops_per_token(c, n_tokens) - base  # at the longest context
+        flops = n_tokens * base + attention * (n_tokens + 1) / 2  # token t attends to t keys
+        nbytes = (formulas.decode_bytes_per_step(c, self.dtype)
+                  + n_tokens * formulas.kv_bytes_per_token(c, self.dtype))  # K/V written
+        return self._time(flops, nbytes)
+
+    def decode_s(self, batch: int, context_tokens: int) -> float:
+        c = self.config
+        base = formulas.flops_per_token(c, 0)
+        attention = formulas.flops_per_token(c, 1) - base  # per K/V token attended
+        flops = batch * base + attention * context_tokens
+        nbytes = (formulas.decode_bytes_per_step(c, self.dtype)
+                  + context_tokens * formulas.kv_bytes_per_token(c, self.dtype))
+        return self._time(flops, nbytes)
+
+
+class VirtualClock:
+    """Simulated seconds: advanced by modelled step times, never by the wall clock."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def skip_to(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class SimRunner:
+    """Stands in for ``ModelRunner``: charges each step's modelled time; emits token 0."""
+
+    def __init__(self, costs: CostModel, clock: VirtualClock):
+        self.costs, self.clock = costs, clock
+
+    def prefill(self, seq: Sequence) -> int:
+        self.clock.advance(self.costs.prefill_s(seq.num_tokens))
+        return 0
+
+    def decode(self, seqs: list[Sequence]) -> list[int]:
+        context = sum(s.table.num_tokens for s in seqs)
+        self.clock.advance(self.costs.decode_s(len(seqs), context))
+        return [0] * len(seqs)
+
+
+@dataclass
+class SimResult:
+    """A simulated run: each request's timing (in request order) and the iteration log."""
+
+    timings: list[RequestTiming]
+    iterations: list[Iteration] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    def summary(self, slo: SLO | None = None) -> Summary:
+        return summarize(self.timings, slo)
+
+
+def simulate(requests: list[Request], costs: CostModel, num_blocks: int, block_size: int = 16,
+             max_batch: int = 32, policy="continuous",
+             max_prefill_tokens: int | None = None) -> SimResult:
+    """Replay ``requests`` through the real scheduler with step times from ``costs``.
+
+    Prompts only need the right length (token values are ignored): see ``trace_requests``.
+    """
+    from inferlab.engine import _policy
+
+    clock = VirtualClock()
+    sched = Scheduler(BlockAllocator(num_blocks), block_size, max_batch, _policy(policy),
+                      max_prefill_tokens)
+    iterations: list[Iteration] = []
+    stamps = drive(dict(enumerate(requests)), sched, SimRunner(costs, clock), clock,
+                   iterations.append)
+    timings = [RequestTiming(r.arrival_s, tuple(stamps[i])) for i, r in enumerate(requests)]
+    return SimResult(timings, iterations, sched.num_preemptions)
+
+
+def trace_requests(rows, arrivals_s: Iterable[float], vocab_size: int = 1,
+                   seed: int | None = None) -> list[Request]:
+    """``Request``s from trace rows (``prompt_len``, ``output_len``) and arrival times.
+
+    With ``seed``, prompts are random token ids below ``vocab_size`` (to run on a model);
+    without, they are zeros (enough for the simulator).
+    """
+    arrivals_s = list(arrivals_s)
+    if len(arrivals_s) != len(rows):
+        raise ValueError(f"{len(rows)} rows but {len(arrivals_s)} arrival times")
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    out = []
+    for row, t in zip(rows, arrivals_s):
+        prompt = ((0,) * row.prompt_len if gen is None else
+                  tuple(torch.randint(0, vocab_size, (row.prompt_len,), generator=gen).tolist()))
+        out.append(Request(prompt, row.output_len, float(t), row.request_id))
+    return out
+
+
+def kv_blocks_for_device(config, spec, dtype: str = "bfloat16", block_size: int = 16,
+                         activation_reserve: float = 0.0) -> int:
+    """KV blocks that fit on a table device beside ``config``'s weights (``formulas``)."""
+    budget = formulas.kv_memory_budget(config, spec.memory, dtype, activation_reserve)
+    if budget <= 0:
+        raise ValueError(f"{config.name}'s weights do not fit in {spec.name}'s memory")
+    return formulas.kv_token_slots(config, budget, dtype) // block_size
+
+
+def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
+    """Useful share of decode slots when requests run in static batches of ``batch_size``.
+
+    Consecutive groups of ``batch_size`` requests each hold every one of their slots until the
+    group's longest output is done: useful tokens / (group size x longest output), summed over
+    groups. If a decode step costs the same at any batch size (memory-bound), continuous
+    batching's throughput gain over static batching is about 1 / this.
+    """
+    if batch_size <= 0 or not output_lens:
+        raise ValueError("need a positive batch size and at least one output length")
+    useful = reserved = 0
+    for i in range(0, len(output_lens), batch_size):
+        group = output_lens[i:i + batch_size]
+        useful += sum(group)
+        reserved += len(group) * max(group)
+    return useful / reserved
