@@ -16,6 +16,7 @@ that nobody else holds.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 from inferlab.paged import BlockAllocator, BlockTable
 
@@ -32,9 +33,11 @@ def block_hashes(tokens, block_size: int) -> list[int]:
 class PrefixCache:
     """A map from chained block hash to physical block, over one allocator."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int = 16):
+    def __init__(self, allocator: BlockAllocator, block_size: int = 16,
+                 hash_fn: Callable[..., list] | None = None):
         self.allocator = allocator
         self.block_size = block_size
+        self.hash_fn = hash_fn or block_hashes  # hash_fn(tokens, block_size) -> one per full block
         self._blocks: OrderedDict[int, int] = OrderedDict()  # hash -> block, least recent first
         self.lookups = self.hits = 0  # full blocks looked up, and found
 
@@ -49,7 +52,7 @@ class PrefixCache:
         the first output token), so a fully cached prompt still prefills one token.
         """
         table = BlockTable(self.allocator, self.block_size)
-        hashes = block_hashes(tokens[:len(tokens) - 1], self.block_size)
+        hashes = self.hash_fn(tokens[:len(tokens) - 1], self.block_size)
         self.lookups += len(hashes)  # every full block counts; those after a miss miss too
         for h in hashes:
             block = self._blocks.get(h)
@@ -72,7 +75,7 @@ class PrefixCache:
 
     def insert(self, table: BlockTable, tokens) -> None:
         """Remember the full blocks of ``table`` (holding ``tokens``) once their K/V are written."""
-        for h, block in zip(block_hashes(tokens, self.block_size), table.blocks):
+        for h, block in zip(self.hash_fn(tokens, self.block_size), table.blocks):
             if h not in self._blocks:
                 self._blocks[h] = self.allocator.fork(block)  # the cache's own reference
 
@@ -95,7 +98,7 @@ class PrefixCache:
 
 def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: int = 1,
                               num_blocks: int = 4096, block_size: int = 16, seed: int = 0,
-                              vocab: int = 32000) -> dict:
+                              vocab: int = 32000, hash_fn=None) -> dict:
     """Serve prompts that each start with one of ``n_system_prompts`` shared system prompts.
 
     Each request's prompt is a system prompt of ``system_len`` tokens followed by its own
@@ -108,7 +111,7 @@ def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: in
     rng = random.Random(seed)
     systems = [[rng.randrange(vocab) for _ in range(system_len)] for _ in range(n_system_prompts)]
     alloc = BlockAllocator(num_blocks)
-    cache = PrefixCache(alloc, block_size)
+    cache = PrefixCache(alloc, block_size, hash_fn)
     total = saved = 0
     for n in prompt_lens:
         tokens = rng.choice(systems) + [rng.randrange(vocab) for _ in range(n)]

@@ -1,0 +1,280 @@
+"""Lab 3's checks: a correct answer passes, a stub gets [TODO] and the reference, and planted
+bugs raise CheckFailed."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferlab import memory_sim, prefix_cache
+from inferlab.checks import CheckFailed
+from inferlab.checks import lab03 as check
+from inferlab.paged import (BlockAllocator, BlockStateError, BlockTable, OutOfBlocksError,
+                            gather_index, gather_kv)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 3.x")
+
+
+# ---------------------------------------------------------------- 3.1 the allocator
+
+class GoodAllocator:
+    def __init__(self, num_blocks):
+        self.refs = [0] * num_blocks
+        self.free_list = deque(range(num_blocks))
+
+    @property
+    def num_free(self):
+        return len(self.free_list)
+
+    def allocate(self):
+        if not self.free_list:
+            raise OutOfBlocksError("no free block")
+        b = self.free_list.popleft()
+        self.refs[b] = 1
+        return b
+
+    def _owned(self, b):
+        if not 0 <= b < len(self.refs) or self.refs[b] == 0:
+            raise BlockStateError(f"block {b} is not allocated")
+
+    def fork(self, b):
+        self._owned(b)
+        self.refs[b] += 1
+        return b
+
+    def free(self, b):
+        self._owned(b)
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            self.free_list.append(b)
+
+    def refcount(self, b):
+        return self.refs[b]
+
+
+class StubAllocator(GoodAllocator):  # what the lab hands out: the exercise methods raise
+    allocate = fork = free = _stub
+
+
+class IndexErrorWhenEmpty(GoodAllocator):
+    def allocate(self):
+        b = self.free_list.popleft()  # IndexError, not OutOfBlocksError
+        self.refs[b] = 1
+        return b
+
+
+class NoDoubleFreeCheck(GoodAllocator):
+    def free(self, b):
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            self.free_list.append(b)
+
+
+class FreesOnFirstOwner(GoodAllocator):
+    def free(self, b):
+        self._owned(b)
+        self.refs[b] -= 1
+        self.free_list.append(b)  # back on the free list while still shared
+
+
+def test_allocator_check():
+    assert check.allocator(GoodAllocator) is GoodAllocator
+    assert check.allocator(StubAllocator) is BlockAllocator
+    for bug in (IndexErrorWhenEmpty, NoDoubleFreeCheck, FreesOnFirstOwner):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.1"):
+            check.allocator(bug)
+
+
+def test_allocator_check_prints_todo(capsys):
+    check.allocator(StubAllocator)
+    assert "[TODO] Exercise 3.1" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- 3.2 the block table
+
+class GoodTable:
+    def __init__(self, allocator, block_size):
+        self.allocator, self.block_size = allocator, block_size
+        self.blocks, self.num_tokens = [], 0
+
+    def append(self, n_new):
+        need = -(-(self.num_tokens + n_new) // self.block_size) - len(self.blocks)
+        if not self.allocator.can_allocate(need):
+            raise OutOfBlocksError("no room")
+        self.blocks += [self.allocator.allocate() for _ in range(need)]
+        self.num_tokens += n_new
+
+    def slot_mapping(self, positions):
+        blocks = torch.tensor(self.blocks)
+        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+
+
+class StubTable(GoodTable):
+    append = slot_mapping = _stub
+
+
+class BlockPerAppend(GoodTable):
+    def append(self, n_new):
+        self.blocks.append(self.allocator.allocate())
+        self.num_tokens += n_new
+
+
+class LogicalSlots(GoodTable):
+    def slot_mapping(self, positions):
+        return positions  # ignores the block table
+
+
+class NotAtomic(GoodTable):
+    def append(self, n_new):
+        need = -(-(self.num_tokens + n_new) // self.block_size) - len(self.blocks)
+        self.num_tokens += n_new
+        for _ in range(need):
+            self.blocks.append(self.allocator.allocate())
+
+
+def test_block_table_check():
+    assert check.block_table(GoodTable) is GoodTable
+    assert check.block_table(StubTable) is BlockTable
+    for bug in (BlockPerAppend, LogicalSlots, NotAtomic):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.2"):
+            check.block_table(bug)
+
+
+# ---------------------------------------------------------------- 3.3 paged decode attention
+
+def _write_new(k_new, v_new, k_pool, v_pool, tables):
+    for b, t in enumerate(tables):
+        slot = t.slot_mapping(torch.tensor(t.num_tokens - 1))
+        k_pool[slot], v_pool[slot] = k_new[b, :, 0], v_new[b, :, 0]
+
+
+def good_paged_decode(q, k_new, v_new, k_pool, v_pool, tables):
+    _write_new(k_new, v_new, k_pool, v_pool, tables)
+    out = []
+    for b, t in enumerate(tables):
+        slots = t.slot_mapping(torch.arange(t.num_tokens))
+        k, v = k_pool[slots].transpose(0, 1)[None], v_pool[slots].transpose(0, 1)[None]
+        out.append(F.scaled_dot_product_attention(q[b:b + 1], k, v, enable_gqa=True))
+    return torch.cat(out)
+
+
+def no_mask(q, k_new, v_new, k_pool, v_pool, tables):
+    _write_new(k_new, v_new, k_pool, v_pool, tables)
+    lengths = [t.num_tokens for t in tables]
+    idx = gather_index(tables, lengths)
+    return F.scaled_dot_product_attention(q, gather_kv(k_pool, idx), gather_kv(v_pool, idx),
+                                          enable_gqa=True)
+
+
+def logical_gather(q, k_new, v_new, k_pool, v_pool, tables):
+    _write_new(k_new, v_new, k_pool, v_pool, tables)
+    out = []
+    for b, t in enumerate(tables):
+        slots = torch.arange(t.num_tokens)  # as if the blocks were contiguous from 0
+        k, v = k_pool[slots].transpose(0, 1)[None], v_pool[slots].transpose(0, 1)[None]
+        out.append(F.scaled_dot_product_attention(q[b:b + 1], k, v, enable_gqa=True))
+    return torch.cat(out)
+
+
+def no_write(q, k_new, v_new, k_pool, v_pool, tables):
+    return good_paged_decode(q, k_new, v_new, k_pool.clone(), v_pool.clone(), tables)
+
+
+def test_paged_decode_check():
+    assert check.paged_decode(good_paged_decode) is good_paged_decode
+    assert check.paged_decode(_stub) is check._reference_paged_decode
+    for bug in (no_mask, logical_gather, no_write):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.3"):
+            check.paged_decode(bug)
+
+
+def test_reference_paged_decode_passes_its_own_check():
+    assert check.paged_decode(check._reference_paged_decode) is check._reference_paged_decode
+
+
+# ---------------------------------------------------------------- 3.4 slots held
+
+def pow2_of_prompt(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+    if policy == "power_of_two":
+        return min(max_len, 1 << (prompt_len - 1).bit_length())
+    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+
+
+def paged_rounds_down(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+    if policy == "paged":
+        return tokens_so_far // block_size * block_size
+    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+
+
+def paged_reserves_final(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+    if policy == "paged":
+        return -(-(prompt_len + output_len) // block_size) * block_size
+    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+
+
+def test_slots_held_check():
+    assert check.slots_held(memory_sim.slots_held) is memory_sim.slots_held
+    assert check.slots_held(_stub) is memory_sim.slots_held
+    for bug in (pow2_of_prompt, paged_rounds_down, paged_reserves_final):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.4"):
+            check.slots_held(bug)
+
+
+# ---------------------------------------------------------------- 3.5 fork
+
+def good_fork(table):
+    child = BlockTable(table.allocator, table.block_size)
+    child.blocks = [table.allocator.fork(b) for b in table.blocks]
+    child.num_tokens = table.num_tokens
+    return child
+
+
+def same_list(table):
+    child = BlockTable(table.allocator, table.block_size)
+    child.blocks, child.num_tokens = table.blocks, table.num_tokens
+    for b in table.blocks:
+        table.allocator.fork(b)
+    return child
+
+
+def no_refcount(table):
+    child = BlockTable(table.allocator, table.block_size)
+    child.blocks, child.num_tokens = list(table.blocks), table.num_tokens
+    return child
+
+
+def test_fork_check():
+    assert check.fork(good_fork) is good_fork
+    assert check.fork(_stub) is BlockTable.fork
+    for bug in (same_list, no_refcount):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.5"):
+            check.fork(bug)
+
+
+# ---------------------------------------------------------------- 3.6 block hashes
+
+def tuple_prefix_hashes(tokens, block_size):  # a different but correct scheme
+    return [hash(tuple(tokens[:(i + 1) * block_size])) for i in range(len(tokens) // block_size)]
+
+
+def unchained(tokens, block_size):
+    return [hash(tuple(tokens[i * block_size:(i + 1) * block_size]))
+            for i in range(len(tokens) // block_size)]
+
+
+def with_partial(tokens, block_size):
+    return [hash(tuple(tokens[:i + block_size])) for i in range(0, len(tokens), block_size)]
+
+
+def test_block_hashes_check():
+    assert check.block_hashes(prefix_cache.block_hashes) is prefix_cache.block_hashes
+    assert check.block_hashes(tuple_prefix_hashes) is tuple_prefix_hashes
+    assert check.block_hashes(_stub) is prefix_cache.block_hashes
+    for bug in (unchained, with_partial):
+        with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.6"):
+            check.block_hashes(bug)
