@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab import formulas
-from inferlab.device import bytes_per_element
 from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model import ModelConfig, model_presets
 
@@ -155,25 +154,6 @@ def decode_sweep(device, model, dtype: str = "bfloat16", context: int = 0,
                  batches=BATCHES) -> list[DecodePoint]:
     """``decode_point`` for each batch size."""
     return [decode_point(device, model, b, dtype, context) for b in batches]
-
-
-def ceiling_table(devices=None, models=("llama-2-7b", "llama-3-8b", "llama-2-70b"),
-                  dtype: str = "bfloat16", batch: int = 1, context: int = 0) -> list[dict]:
-    """Rows of tokens/s ceilings, one per device (columns: the models), for the site's table.
-
-    Devices without a ``dtype`` peak other than the CPU rows (the T4 has no bfloat16) use
-    float16 instead, and the row says so.
-    """
-    rows = []
-    for name, spec in (load_hardware() if devices is None else {d: _spec(d) for d in devices}).items():
-        used = dtype
-        if spec.peak_flops(dtype) is None and (spec.peak_bf16 or spec.peak_fp16):
-            used = next(d for d in DTYPES if spec.peak_flops(d))
-        row = {"device": spec.name, "dtype": used, "bandwidth GB/s": spec.bandwidth / 1e9}
-        for m in models:
-            row[m] = decode_point(spec, m, batch, used, context).tokens_per_s
-        rows.append(row)
-    return rows
 
 
 def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: str = "bfloat16",

@@ -55,12 +55,6 @@ def test_cpu_rows_have_a_bandwidth_floor_only_and_bad_choices_say_why():
         explore.decode_point("T4", "llama-3-8b", batch=0, dtype="float16")
 
 
-def test_ceiling_table_falls_back_to_float16_where_there_is_no_bfloat16():
-    rows = {r["device"]: r for r in explore.ceiling_table(models=("llama-2-7b",))}
-    assert rows["T4"]["dtype"] == "float16" and rows["H100 SXM"]["dtype"] == "bfloat16"
-    assert rows["A100 80GB SXM"]["llama-2-7b"] == pytest.approx(153, rel=0.01)
-
-
 def test_figure_and_widget_build():
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,98 @@
+"""How long each lab takes: run every solved lab headless, one at a time, and record the times.
+
+    python -m inferlab.benchmarks.lab_times                       # solutions/*.ipynb
+    python -m inferlab.benchmarks.lab_times solutions/02_kv_cache.ipynb --out times.json
+
+Each notebook goes through the grader (``inferlab.grade``), so it runs exactly as a submission
+would: a fresh kernel, a fresh working directory, the device's own profile unless
+``INFERLAB_PROFILE`` says otherwise. For each one the record keeps the wall-clock seconds (kernel
+start-up included) and the CPU seconds the notebook's worker and kernel used, and around the
+whole run the machine's load average, because wall-clock times on a shared machine are noisy.
+The record goes to ``data/measurements/lab_times_<device>_<date>.json``; the instructor guide
+and the status page read it from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from inferlab.data import data_path
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=root)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def time_labs(notebooks: list[Path], timeout: float = 900) -> list[dict]:
+    """One row per notebook: wall and CPU seconds, how its run ended, exercises passed."""
+    from inferlab.grade import PASSED, grade
+
+    rows = []
+    for path in notebooks:
+        before = _children_cpu_s()
+        [result] = grade([path], timeout=timeout)
+        rows.append({"notebook": path.as_posix(), "wall_s": result.seconds,
+                     "cpu_s": round(_children_cpu_s() - before, 1), "run": result.run,
+                     "exercises": len(result.exercises), "passed": result.count(PASSED)})
+        print(f"{path}: {result.seconds:.1f} s wall, {rows[-1]['cpu_s']:.1f} s CPU, {result.run}, "
+              f"{rows[-1]['passed']}/{rows[-1]['exercises']} passed", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    from inferlab.device import choose_profile
+    from inferlab.hardware import detect_device
+
+    root = data_path("hardware.csv").parent.parent
+    parser = argparse.ArgumentParser(prog="python -m inferlab.benchmarks.lab_times",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="notebooks to time (default: every solutions/*.ipynb)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds each may take")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file to write (default: data/measurements/lab_times_<device>_<date>.json)")
+    args = parser.parse_args(argv)
+    notebooks = args.notebooks or sorted((root / "solutions").glob("*.ipynb"))
+    if not notebooks:
+        parser.error("no notebooks to time")
+    profile = choose_profile()
+    info = detect_device(profile.device)
+    load_before = os.getloadavg()
+    rows = time_labs([Path(os.path.relpath(p, Path.cwd())) if p.is_absolute() else p
+                      for p in notebooks], args.timeout)
+    record = {"benchmark": "lab_times",
+              "command": " ".join(["python -m inferlab.benchmarks.lab_times",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+              "profile": profile.name, "cores": os.cpu_count(), "machine": platform.machine(),
+              "load_average_before": [round(x, 2) for x in load_before],
+              "load_average_after": [round(x, 2) for x in os.getloadavg()],
+              "results": rows, **info.provenance(), "git_commit": _git_commit(root)}
+    out = args.out
+    if out is None:
+        slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
+        out = root / "data" / "measurements" / f"lab_times_{slug}_{record['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The course's structure, read from its own files: pages, labs, exercises and check hints.
+
+The instructor guide, the status page and the site tests cover whatever chapters and labs exist
+by asking this module instead of listing them by hand:
+
+- ``toc_parts()``: the parts of ``_toc.yml`` and the files in each;
+- ``labs()``: every lab in ``labs/`` with its title, its solution and its check module;
+- ``check_summaries(module)``: each check's exercise label, what it tests (its docstring) and
+  the hints a learner sees when it fails (the ``hint=`` strings), read from
+  ``inferlab/checks/labNN.py`` without importing it.
+
+Everything here reads a checkout (the repository root is the folder above the package).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toc_parts(root: Path = ROOT) -> dict[str, list[str]]:
+    """``{part caption: [file, ...]}`` from ``_toc.yml``, in order; the root page is under ""."""
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+    parts = {"": [toc["root"]]}
+
+    def files(entries) -> list[str]:
+        out = []
+        for entry in entries or []:
+            if "file" in entry:
+                out.append(entry["file"])
+            out += files(entry.get("sections"))
+        return out
+
+    for part in toc.get("parts", []):
+        parts[part.get("caption", "")] = files(part.get("chapters"))
+    return parts
+
+
+def toc_files(root: Path = ROOT) -> list[str]:
+    """Every page of the table of contents, without extension, in order."""
+    return [f for files in toc_parts(root).values() for f in files]
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab: ``labs/NN_topic.ipynb``, its solution and the check module its cells import."""
+
+    number: int
+    stem: str              # "01_roofline"
+    title: str             # "Measure your own roofline"
+    lab: Path
+    solution: Path
+    check_module: str | None  # "lab01"
+
+
+def _title(path: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    m = re.match(r"#\s*Lab\s+\d+(?:\s+solutions)?:\s*(.+)", first.splitlines()[0] if first else "")
+    return m.group(1).strip() if m else path.stem
+
+
+def labs(root: Path = ROOT) -> list[Lab]:
+    """Every lab in ``labs/``, in order of its number."""
+    from inferlab.grade import find_check_module
+
+    import nbformat
+
+    out = []
+    for path in sorted((root / "labs").glob("*.ipynb")):
+        m = re.match(r"(\d+)_", path.name)
+        if not m:
+            continue
+        nb = nbformat.read(path, as_version=4)
+        module, _ = find_check_module(c.source for c in nb.cells if c.cell_type == "code")
+        out.append(Lab(int(m.group(1)), path.stem, _title(path), path,
+                       root / "solutions" / path.name, module))
+    return out
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    """What one check tests and the hints it can give."""
+
+    exercise: str
+    function: str
+    tests: str                # the docstring's first line
+    hints: tuple[str, ...]
+
+
+def _text(node) -> str | None:
+    """A string literal's text; an f-string's with each ``{...}`` shown as "..."; else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "..." for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def check_summaries(module: str, root: Path = ROOT) -> list[CheckSummary]:
+    """The checks of ``inferlab/checks/<module>.py`` in file order, with their hint strings."""
+    path = root / "inferlab" / "checks" / f"{module}.py"
+    if not re.fullmatch(r"lab\w+", module) or not path.is_file():
+        return []
+    out = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node) or ""
+        m = re.match(r"\s*Exercises?\s+([0-9A-Za-z_.]*[0-9A-Za-z_])\s*:?\s*(.*)", doc, re.DOTALL)
+        if not m:
+            continue
+        hints = []
+        for sub in ast.walk(node):
+            found = []
+            if isinstance(sub, ast.keyword) and sub.arg == "hint":
+                found.append(sub.value)
+            elif isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and "hint" in t.id
+                                                     for t in sub.targets):
+                found.append(sub.value)
+            for value in found:
+                text = _text(value)
+                if text and " ".join(text.split()) not in hints:
+                    hints.append(" ".join(text.split()))
+        first = " ".join(m.group(2).split("\n\n")[0].split())
+        out.append(CheckSummary(m.group(1), node.name, first, tuple(hints)))
+    return out
