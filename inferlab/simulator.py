@@ -22,6 +22,7 @@ Vidur (Agrawal et al., MLSys 2024) simulates LLM serving the same way, at far gr
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
@@ -41,15 +42,36 @@ class CostModel(Protocol):
     def decode_s(self, batch: int, context_tokens: int) -> float: ...
 
 
-def _lstsq(rows: list[list[float]], ys: list[float]) -> tuple[float, ...]:
-    coef, *_ = np.linalg.lstsq(np.asarray(rows, dtype=float), np.asarray(ys, dtype=float),
-                               rcond=None)
-    return tuple(float(c) for c in coef)
+def _nonnegative_lstsq(rows: list[list[float]], ys: list[float]) -> tuple[float, ...]:
+    """Least squares with every coefficient >= 0 (a step never gets cheaper as it grows).
+
+    With three unknowns, trying every subset of columns is exact and simple: solve each subset
+    by ordinary least squares, keep the non-negative solutions, return the best fit.
+    """
+    X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
+    best, best_err = np.zeros(X.shape[1]), float(y @ y)
+    for mask in itertools.product((False, True), repeat=X.shape[1]):
+        cols = np.flatnonzero(mask)
+        if not len(cols):
+            continue
+        coef, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = np.zeros(X.shape[1])
+        full[cols] = coef
+        err = float(((X @ full - y) ** 2).sum())
+        if err < best_err:
+            best, best_err = full, err
+    return tuple(float(c) for c in best)
 
 
 @dataclass(frozen=True)
 class FittedCosts:
-    """Step times fitted to measurements: prefill a + bT + cT^2, decode a + bn + cC (seconds)."""
+    """Step times fitted to measurements: prefill a + bT + cT^2, decode a + bn + cC (seconds).
+
+    Every coefficient is non-negative, so a longer prompt, a bigger batch or a longer context
+    never makes a step cheaper, however noisy the measurements.
+    """
 
     prefill: tuple[float, float, float]
     decode: tuple[float, float, float]
@@ -71,8 +93,8 @@ class FittedCosts:
         if len({t for t, _ in prefills}) < 3 or len({(n, c) for n, c, _ in decodes}) < 3:
             raise ValueError("need prefills at 3 or more lengths and decodes at 3 or more "
                              "(batch, context) points to fit the cost model")
-        p = _lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
-        d = _lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
+        p = _nonnegative_lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
+        d = _nonnegative_lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
         return cls(p, d, source)
 
     @classmethod
