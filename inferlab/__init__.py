@@ -10,6 +10,9 @@ Small modules, one concern each (read them in this order):
 - ``roofline``: attainable FLOP/s, ridge points, and the roofline plot.
 - ``model``: a Llama-architecture model with Hugging Face parameter names.
 - ``kv_cache`` and ``generate``: the reference KV cache and the generation steps.
+- ``weights``: load and save Hugging Face checkpoints (safetensors), and their tokenizers.
+- ``gqa`` and ``capacity``: fewer KV heads by mean pooling; how many requests fit on a device.
+- ``benchmarks``: runnable measurements (``python -m inferlab.benchmarks.kv_cache``, ...).
 - ``checks``: the feedback cells of each lab.
 - ``labgen``: generates the student labs from the solved notebooks.
 """
