@@ -1,0 +1,295 @@
+"""The built site, opened in a real browser: every page of the table of contents loads with its
+title, the chapter and solution pages show their figures (each <img> present and loaded), and
+each lab page's Colab button opens that lab's notebook in the repository.
+
+The site is the one ``jupyter-book build .`` writes to ``_build/html`` (the book test builds it
+first); if it is missing or older than its sources, this test builds it. ``INFERLAB_SITE_HTML``
+points the test at another built site. The pages are served from a Python http.server on a free
+localhost port and opened in headless Chromium (Debian's ``chromium`` package; ``.ci/run``
+installs it when missing), driven through the DevTools protocol so that the test can ask the
+browser whether each image actually loaded. Every request to another host (MathJax's CDN, say) is
+refused, so the test needs no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from inferlab import course
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--remote-debugging-port=0", "about:blank"]
+PAGE_TIMEOUT_S = 60
+
+# Run in the page once it has loaded: wait for every image in the article, then report.
+INSPECT_JS = """
+(async () => {
+  const imgs = Array.from(document.querySelectorAll('article img'));
+  imgs.forEach(img => { img.loading = 'eager'; });
+  await Promise.all(imgs.map(img => img.complete ? null : new Promise(done => {
+    img.addEventListener('load', done); img.addEventListener('error', done);
+    setTimeout(done, 10000);
+  })));
+  const h1 = document.querySelector('article h1');
+  return JSON.stringify({
+    title: document.title,
+    h1: h1 ? h1.textContent : '',
+    images: imgs.map(i => ({src: i.getAttribute('src'), complete: i.complete,
+                            width: i.naturalWidth})),
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+  });
+})()
+"""
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _source(root: Path, page: str) -> Path:
+    for ext in (".md", ".ipynb"):
+        if (root / f"{page}{ext}").is_file():
+            return root / f"{page}{ext}"
+    raise FileNotFoundError(f"{page} in _toc.yml has no .md or .ipynb file")
+
+
+def _plain(text: str) -> str:
+    """Heading text as the browser shows it: no Markdown marks, straight quotes, one space."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"[`*_]", "", text)
+    for fancy, plain in (("\u2019", "'"), ("\u2018", "'"), ("\u201c", '"'), ("\u201d", '"'),
+                         ("\u2013", "--"), ("\u2014", "---"), ("\u00b6", ""), ("#", "")):
+        text = text.replace(fancy, plain)
+    return " ".join(text.split())
+
+
+def _expected_title(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    else:
+        text = path.read_text(encoding="utf-8")
+        if text.startswith("---"):
+            text = text.split("---", 2)[2]
+    m = re.search(r"^#\s+(.+)$", text, re.M)
+    assert m, f"{path} has no top-level heading"
+    return _plain(m.group(1))
+
+
+def _image_outputs(executed: Path) -> int:
+    """Image outputs of an executed notebook that the page shows (cells not removed)."""
+    nb = nbformat.read(executed, as_version=4)
+    count = 0
+    for cell in nb.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type != "code" or tags & {"remove-cell", "remove-output", "remove_cell",
+                                               "remove_output"}:
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            count += any(k.startswith("image/") for k in data)
+    return count
+
+
+def _site_is_fresh(root: Path, html: Path) -> bool:
+    index = html / "index.html"
+    if not index.is_file():
+        return False
+    sources = [root / "_toc.yml", root / "_config.yml"]
+    sources += [_source(root, page) for page in course.toc_files(root)]
+    return index.stat().st_mtime >= max(p.stat().st_mtime for p in sources)
+
+
+@pytest.fixture(scope="module")
+def site(root) -> Path:
+    if os.environ.get("INFERLAB_SITE_HTML"):
+        html = Path(os.environ["INFERLAB_SITE_HTML"])
+        assert (html / "index.html").is_file(), f"INFERLAB_SITE_HTML={html} has no index.html"
+        return html
+    html = root / "_build" / "html"
+    if not _site_is_fresh(root, html):
+        jb = Path(sys.executable).with_name("jupyter-book")
+        subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(root)],
+                       check=True, capture_output=True, timeout=1500)
+    return html
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output clean
+        pass
+
+
+class Browser:
+    """Headless Chromium, one tab, driven over the DevTools protocol (tornado's websocket)."""
+
+    def __init__(self, executable: str):
+        self.profile = tempfile.mkdtemp(prefix="inferlab-chromium-")
+        self.proc = subprocess.Popen([executable, *CHROMIUM_FLAGS[:-2],
+                                      f"--user-data-dir={self.profile}", *CHROMIUM_FLAGS[-2:]],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not start its DevTools endpoint")
+            time.sleep(0.1)
+        port = port_file.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+            pages = [t for t in json.load(r) if t.get("type") == "page"]
+        self.ws_url = pages[0]["webSocketDebuggerUrl"]
+        self.blocked: list[str] = []
+
+    def inspect(self, urls: list[str], allowed: str) -> dict[str, dict]:
+        return asyncio.run(self._inspect(urls, allowed))
+
+    async def _inspect(self, urls: list[str], allowed: str) -> dict[str, dict]:
+        from tornado.websocket import websocket_connect
+
+        ws = await websocket_connect(self.ws_url, max_message_size=256 * 2**20)
+        ids = iter(range(1, 10**9))
+
+        async def send(method: str, **params) -> int:
+            msg_id = next(ids)
+            await ws.write_message(json.dumps({"id": msg_id, "method": method, "params": params}))
+            return msg_id
+
+        async def until(matches, timeout: float = PAGE_TIMEOUT_S) -> dict:
+            deadline = time.monotonic() + timeout
+            while True:
+                raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
+                if raw is None:
+                    raise ConnectionError("chromium closed the DevTools connection")
+                msg = json.loads(raw)
+                if msg.get("method") == "Fetch.requestPaused":  # only our server, never the net
+                    request_id, url = msg["params"]["requestId"], msg["params"]["request"]["url"]
+                    if url.startswith((allowed, "data:", "blob:")):
+                        await send("Fetch.continueRequest", requestId=request_id)
+                    else:
+                        self.blocked.append(url)
+                        await send("Fetch.failRequest", requestId=request_id,
+                                   errorReason="BlockedByClient")
+                    continue
+                if matches(msg):
+                    return msg
+
+        try:
+            for method, params in (("Page.enable", {}), ("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})):
+                sent = await send(method, **params)
+                await until(lambda m, sent=sent: m.get("id") == sent)
+            results = {}
+            for url in urls:
+                await send("Page.navigate", url=url)
+                await until(lambda m: m.get("method") == "Page.loadEventFired")
+                sent = await send("Runtime.evaluate", expression=INSPECT_JS, awaitPromise=True,
+                                  returnByValue=True)
+                reply = await until(lambda m, sent=sent: m.get("id") == sent)
+                value = reply.get("result", {}).get("result", {}).get("value")
+                results[url] = json.loads(value) if value else {"error": reply}
+            return results
+        finally:
+            ws.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pages(root, site, server) -> dict[str, dict]:
+    """What the browser saw on every page of the table of contents, keyed by the page's file."""
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does "
+                    "this when it is missing)")
+    files = course.toc_files(root)
+    browser = Browser(executable)
+    try:
+        seen = browser.inspect([server + f + ".html" for f in files], allowed=server)
+    finally:
+        browser.close()
+    return {f: seen[server + f + ".html"] for f in files}
+
+
+def _part(root, caption: str) -> list[str]:
+    return course.toc_parts(root).get(caption, [])
+
+
+def test_every_page_loads_with_its_title(root, pages):
+    for page in course.toc_files(root):
+        seen = pages[page]
+        assert "error" not in seen, f"{page}: {seen}"
+        title = _expected_title(_source(root, page))
+        assert _plain(seen["h1"]) == title, f"{page}: heading {seen['h1']!r}, expected {title!r}"
+        assert _plain(seen["title"]).startswith(title), f"{page}: <title> {seen['title']!r}"
+
+
+@pytest.mark.parametrize("caption", ["Chapters", "Labs", "Solutions"])
+def test_figures_are_present_and_loaded(root, site, pages, caption):
+    files = _part(root, caption)
+    assert files, f"_toc.yml has no part {caption!r}"
+    for page in files:
+        images = pages[page]["images"]
+        broken = [i["src"] for i in images if not (i["complete"] and i["width"] > 0)]
+        assert not broken, f"{page}: images that did not load: {broken}"
+        executed = site.parent / "jupyter_execute" / f"{page}.ipynb"
+        if caption != "Labs" and executed.is_file():  # labs are shown unexecuted
+            expected = _image_outputs(executed)
+            shown = [i for i in images if "_images/" in (i["src"] or "")]
+            assert len(shown) >= expected, f"{page}: {len(shown)} figures shown, {expected} made"
+        if caption == "Chapters" or (caption == "Solutions" and executed.is_file()
+                                     and _image_outputs(executed)):
+            assert images, f"{page} shows no figure"
+
+
+def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
+    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+    url = config["repository"]["url"].rstrip("/")
+    branch = config["repository"].get("branch", "main")
+    org_repo = url.removeprefix("https://github.com/")
+    colab = config["launch_buttons"]["colab_url"].rstrip("/")
+    labs = _part(root, "Labs")
+    assert labs and all(p.startswith("labs/") for p in labs)
+    for page in labs:
+        assert (root / f"{page}.ipynb").is_file()
+        expected = f"{colab}/github/{org_repo}/blob/{branch}/{page}.ipynb"
+        colab_links = [h for h in pages[page]["links"] if h.startswith(colab)]
+        assert expected in colab_links, f"{page}: Colab links {colab_links}, expected {expected}"
+
