@@ -1,0 +1,238 @@
+"""Continuous vs static batching on the same Poisson trace, and the simulator's error.
+
+    python -m inferlab.benchmarks.batching                    # sizes of this machine's profile
+    python -m inferlab.benchmarks.batching --rates 5 10 20 40 # a latency-throughput curve too
+    python -m inferlab.benchmarks.batching --threads 1        # on a CPU shared with others
+    python -m inferlab.benchmarks.batching --profile large-gpu --out data/measurements/x.json
+
+One trace (the ShareGPT-like lengths of ``inferlab.traces``, scaled to the device, with Poisson
+arrivals) is served twice by the same engine and model: once with static batching, once with
+continuous batching. The offered load is the same, high enough to keep both busy, so the
+throughput ratio measures how much of the hardware each policy uses. Then the discrete-event
+simulator, calibrated from prefill and decode step times measured with ``torch.utils.benchmark``,
+predicts both runs, and its relative error in throughput is printed. Finally the simulator
+extrapolates the full-size trace to a model and GPU from the tables (``--extrapolate``).
+
+On a GPU the results are written, with provenance, to ``data/measurements/`` (on a CPU only with
+``--out``). Timings on a machine that other programs are using are noisy: rerun on a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inferlab import traces
+from inferlab.data import data_path
+from inferlab.device import check_dtype, choose_profile, get_profile
+from inferlab.engine import Engine, summarize_results
+from inferlab.hardware import detect_device, get_device_spec
+from inferlab.metrics import Summary
+from inferlab.model import ModelConfig, build_model
+from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device, measure_costs,
+                                simulate, trace_requests)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big the experiment is on one class of device."""
+
+    model: str          # a row of data/models.csv
+    requests: int       # requests in the trace
+    scale: float        # factor on the trace's prompt and output lengths
+    max_batch: int      # sequences decoded at once
+    rate: float         # offered load, requests per second (Poisson)
+    rates: tuple[float, ...]  # the sweep for the latency-throughput curve
+
+
+SIZES = {
+    "cpu": Sizes("tiny", 96, 1 / 8, 16, 100.0, (10.0, 25.0, 50.0, 100.0)),
+    "small-gpu": Sizes("small", 128, 1 / 2, 64, 50.0, (5.0, 10.0, 20.0, 50.0)),
+    "large-gpu": Sizes("llama-2-7b", 256, 1.0, 64, 20.0, (1.0, 2.0, 4.0, 8.0, 20.0)),
+}
+POLICIES = ("static", "continuous")
+
+
+def make_trace(n: int, scale: float, rate: float, vocab_size: int, max_len: int, seed: int = 0):
+    """``n`` ShareGPT-like requests, lengths times ``scale``, arriving at ``rate`` per second."""
+    rows = traces.scale_lengths(traces.sharegpt_like(n, seed=seed), scale, max_len=max_len)
+    arrivals = traces.poisson_arrivals(n, rate, seed=seed)
+    return trace_requests(rows, arrivals, vocab_size, seed=seed)
+
+
+def blocks_for(requests, max_batch: int, block_size: int) -> int:
+    """Enough blocks for ``max_batch`` copies of the longest request: no memory pressure."""
+    longest = max(len(r.prompt) + r.max_new_tokens for r in requests)
+    return max_batch * -(-longest // block_size)
+
+
+def serve_both(model, requests, num_blocks: int, block_size: int = 16,
+               max_batch: int = 32) -> dict[str, tuple[Summary, Engine]]:
+    """Serve ``requests`` with each policy; ``{policy: (summary, engine)}``."""
+    out = {}
+    for policy in POLICIES:
+        engine = Engine(model, num_blocks, block_size, max_batch, policy)
+        results = engine.run(requests)
+        bad = [r.error for r in results if not r.ok]
+        if bad:
+            raise ValueError(f"{len(bad)} requests were refused, e.g. {bad[0]}")
+        out[policy] = (summarize_results(results), engine)
+    return out
+
+
+def simulator_error(costs: FittedCosts, requests, measured: dict[str, Summary], num_blocks: int,
+                    block_size: int, max_batch: int) -> dict[str, dict]:
+    """Predicted vs measured throughput for each policy; relative error = predicted / measured - 1."""
+    out = {}
+    for policy, summary in measured.items():
+        predicted = simulate(requests, costs, num_blocks, block_size, max_batch, policy).summary()
+        out[policy] = {"measured_tok_s": summary.throughput, "predicted_tok_s": predicted.throughput,
+                       "relative_error": predicted.throughput / summary.throughput - 1}
+    return out
+
+
+def extrapolate(model_name: str, device_name: str, n: int, rate: float, max_batch: int,
+                block_size: int = 16, efficiency: float = 1.0, seed: int = 0) -> dict:
+    """Simulate the full-size trace for a table model on a table GPU (roofline step times)."""
+    config = ModelConfig.from_name(model_name)
+    spec = get_device_spec(device_name)
+    costs = RooflineCosts.for_device(config, spec, efficiency=efficiency)
+    num_blocks = kv_blocks_for_device(config, spec, block_size=block_size)
+    rows = traces.sharegpt_like(n, seed=seed)
+    requests = trace_requests(rows, traces.poisson_arrivals(n, rate, seed=seed))
+    out = {"model": model_name, "device": spec.name, "efficiency": efficiency,
+           "num_blocks": num_blocks, "rate": rate}
+    for policy in POLICIES:
+        out[policy] = simulate(requests, costs, num_blocks, block_size, max_batch,
+                               policy).summary().row()
+    out["ratio"] = out["continuous"]["throughput_tok_s"] / out["static"]["throughput_tok_s"]
+    return out
+
+
+def _line(policy: str, s: Summary) -> str:
+    return (f"  {policy:10s} {s.throughput:9.1f} tok/s | TTFT p50 {s.ttft.p50 * 1e3:8.1f} ms  "
+            f"p99 {s.ttft.p99 * 1e3:8.1f} ms | latency p50 {s.latency.p50 * 1e3:8.1f} ms  "
+            f"p99 {s.latency.p99 * 1e3:8.1f} ms")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferlab.benchmarks.batching",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default=None, help="cpu, small-gpu or large-gpu "
+                        "(default: this machine's)")
+    parser.add_argument("--device", default=None, help="override the profile's device")
+    parser.add_argument("--dtype", default=None, help="override the profile's dtype")
+    parser.add_argument("--model", default=None, help="a row of data/models.csv")
+    parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument("--scale", type=float, default=None, help="factor on trace lengths")
+    parser.add_argument("--max-batch", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="requests per second")
+    parser.add_argument("--rates", type=float, nargs="*", default=None,
+                        help="also sweep these rates (the latency-throughput curve)")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--min-run-time", type=float, default=0.05,
+                        help="seconds per calibration timing")
+    parser.add_argument("--extrapolate", nargs=2, default=("llama-2-7b", "A100 80GB SXM"),
+                        metavar=("MODEL", "DEVICE"), help="a table model and GPU to simulate")
+    parser.add_argument("--extrapolate-rate", type=float, default=32.0,
+                        help="requests per second in the extrapolation")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    args = parser.parse_args(argv)
+
+    profile = get_profile(args.profile) if args.profile else choose_profile()
+    sizes = SIZES[profile.name]
+    device = args.device or profile.device
+    dtype = check_dtype(args.dtype or profile.dtype, device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_name = args.model or sizes.model
+    n = args.requests or sizes.requests
+    scale = args.scale or sizes.scale
+    max_batch = args.max_batch or sizes.max_batch
+    rate = args.rate or sizes.rate
+    bs = args.block_size
+    info = detect_device(device)
+    model = build_model(model_name, seed=0, device=device, dtype=dtype)
+    ctx = model.config.max_seq_len
+    print(f"{model_name} ({str(dtype).removeprefix('torch.')}) on {info.name}, "
+          f"{torch.get_num_threads()} threads; profile {profile.name}")
+
+    requests = make_trace(n, scale, rate, model.config.vocab_size, ctx)
+    num_blocks = blocks_for(requests, max_batch, bs)
+    mean_in = sum(len(r.prompt) for r in requests) / n
+    mean_out = sum(r.max_new_tokens for r in requests) / n
+    print(f"trace: {n} ShareGPT-like requests x{scale:g} (mean prompt {mean_in:.1f}, output "
+          f"{mean_out:.1f} tokens), Poisson at {rate:g} req/s; max batch {max_batch}, "
+          f"{num_blocks} blocks of {bs}")
+
+    serve_both(model, requests[: min(n, 4)], num_blocks, bs, max_batch)  # warm-up
+    start = time.perf_counter()
+    runs = serve_both(model, requests, num_blocks, bs, max_batch)
+    measured = {p: s for p, (s, _) in runs.items()}
+    ratio = measured["continuous"].throughput / measured["static"].throughput
+    print(f"served both in {time.perf_counter() - start:.1f} s:")
+    for policy, s in measured.items():
+        print(_line(policy, s))
+    print(f"  continuous / static throughput: {ratio:.2f}x  (preemptions: "
+          f"{runs['continuous'][1].num_preemptions})")
+
+    costs = measure_costs(model, block_size=bs, min_run_time=args.min_run_time,
+                          prefill_lens=(8, 32, 64, 128) if scale < 1 else (32, 128, 512, 1024),
+                          batches=(1, max_batch // 4, max_batch // 2, max_batch),
+                          contexts=(16, 64, 128) if scale < 1 else (128, 512, 1024))
+    errors = simulator_error(costs, requests, measured, num_blocks, bs, max_batch)
+    for policy, e in errors.items():
+        print(f"  simulator, {policy:10s}: predicted {e['predicted_tok_s']:9.1f} tok/s, "
+              f"measured {e['measured_tok_s']:9.1f}: error {e['relative_error']:+.1%}")
+
+    curve = []
+    for r in args.rates or ():
+        reqs = make_trace(n, scale, r, model.config.vocab_size, ctx)
+        for policy, (s, _) in serve_both(model, reqs, num_blocks, bs, max_batch).items():
+            curve.append({"rate": r, "policy": policy, **s.row()})
+            print(f"rate {r:6.1f}/s" + _line(policy, s))
+
+    ex_model, ex_device = args.extrapolate
+    ex = extrapolate(ex_model, ex_device, 1000, args.extrapolate_rate, 256, bs)
+    print(f"simulated {ex_model} on {ex_device} at roofline speed, 1000 full-size requests at "
+          f"{ex['rate']:g} req/s, max batch 256, {ex['num_blocks']} blocks: continuous "
+          f"{ex['continuous']['throughput_tok_s']:,.0f} tok/s vs static "
+          f"{ex['static']['throughput_tok_s']:,.0f} ({ex['ratio']:.2f}x)")
+
+    out = args.out
+    if out is None and device == "cuda":
+        from inferlab.benchmarks.decode_gpu import _driver, _git_commit
+
+        slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
+        out = data_path("hardware.csv").parent / "measurements" / \
+            f"batching_{slug}_{info.provenance()['date']}.json"
+    if out is not None:
+        from inferlab.benchmarks.decode_gpu import _driver, _git_commit
+
+        record = {"benchmark": "batching",
+                  "command": "python -m inferlab.benchmarks.batching " + " ".join(
+                      argv if argv is not None else sys.argv[1:]),
+                  "model": model_name, "dtype": str(dtype).removeprefix("torch."),
+                  "requests": n, "length_scale": scale, "rate_req_s": rate,
+                  "max_batch": max_batch, "block_size": bs, "num_blocks": num_blocks,
+                  "throughput_ratio": ratio,
+                  "static": measured["static"].row(), "continuous": measured["continuous"].row(),
+                  "simulator": {"costs": {"prefill": costs.prefill, "decode": costs.decode},
+                                **errors},
+                  "results": curve, "extrapolation": ex,
+                  **info.provenance(), "driver": _driver(), "git_commit": _git_commit()}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
