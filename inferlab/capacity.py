@@ -104,7 +104,8 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
         kib = formulas.kv_bytes_per_token(_config(name), kv_dtype) / 2**10
         ax.plot(contexts, counts, "o-", label=f"{name} ({kib:,.0f} KiB/token)")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("symlog", linthresh=1)
+    ax.set_yscale("symlog", linthresh=1)  # linear near 0, so a count of 0 still shows
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("context reserved per request (tokens)")
     ax.set_ylabel("requests that fit at once")
     ax.set_title(f"KV cache capacity on {spec.name} ({spec.memory / 1e9:.0f} GB), "
