@@ -4,9 +4,9 @@ Every KV head stored in the cache costs 2 x head_dim numbers per token per layer
 fewer KV heads has a proportionally smaller cache and reads proportionally fewer bytes per
 decode step. Ainslie et al. 2023 turn a multi-head checkpoint into a grouped-query one by
 mean-pooling the key and value projection matrices of the heads in each group, then training
-briefly ("uptraining", a small fraction of the original pre-training) to recover quality. This module
-does the pooling step; without the uptraining the converted model computes a different, worse
-function, which is fine for measuring bytes and speed but not for quality.
+briefly ("uptraining", a small fraction of the original pre-training) to recover quality.
+This module does the pooling step; without the uptraining the converted model computes a
+different, worse function, which is fine for measuring bytes and speed but not for quality.
 
 Query head h uses KV head h // (n_heads / n_kv_heads) (the layout of ``repeat_kv`` in Hugging
 Face models and of ``enable_gqa`` in ``scaled_dot_product_attention``), so the heads grouped
