@@ -161,3 +161,45 @@ def test_missing_tokenizer_packages_give_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(ImportError, match="pip install tokenizers"):
         load_tokenizer(tmp_path)
+
+
+def test_transformers5_rope_parameters_layout_loads_its_theta(tmp_path):
+    path = save_checkpoint(build_model(QWEN, seed=9), tmp_path)
+    hf = json.loads((path / "config.json").read_text())
+    theta = hf.pop("rope_theta")
+    hf["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    (path / "config.json").write_text(json.dumps(hf))
+    assert load_checkpoint(path).config.rope_theta == theta == QWEN.rope_theta
+    hf["rope_parameters"] = {"rope_theta": theta, "rope_type": "yarn", "factor": 4.0}
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.warns(UserWarning, match="rope_scaling"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_logits_match_transformers_when_it_is_installed(tmp_path, family):
+    """The cross-check against the reference implementation (skipped where transformers is absent)."""
+    transformers = pytest.importorskip("transformers")
+    kwargs = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    if family == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs, rope_theta=5e5))
+    else:
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kwargs, rope_theta=1e6,
+                                                                     tie_word_embeddings=True))
+    hf = _randomise_biases(hf.eval())
+    hf.save_pretrained(str(tmp_path))
+    ours = load_checkpoint(tmp_path, dtype="float32")
+    tokens = _prompt(300, n=17)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), hf(tokens).logits, atol=1e-5, rtol=1e-5)
+    assert torch.equal(generate(ours, tokens, 8), generate_without_cache(ours, tokens, 8))
+
+
+def test_tokenizer_through_transformers_when_it_is_installed(tmp_path):
+    pytest.importorskip("transformers")
+    _write_word_tokenizer(tmp_path, 50)
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.source == "transformers" and tokenizer.eos_token_id == 0
+    ids = tokenizer.encode("w1 w2 w3")
+    assert ids == [3, 4, 5] and tokenizer.decode(ids).split() == ["w1", "w2", "w3"]
