@@ -89,7 +89,11 @@ class _Running:
 
 @dataclass(frozen=True)
 class SimResult:
-    """Averages over the steps during which some request was waiting (the pool was the limit)."""
+    """Averages over the steps during which some request was waiting (the pool was the limit).
+
+    If the pool never limited the batch (no request ever waited), the averages are all 0:
+    serve a longer trace or use a smaller pool.
+    """
 
     policy: str
     token_fraction: float       # slots holding real token states / capacity
