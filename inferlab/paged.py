@@ -282,11 +282,12 @@ class PagedKVCache:
                 raise ValueError(f"row {b} writes position {n - 1} but its table holds "
                                  f"{table.num_tokens} tokens; call table.append first")
         slots = torch.stack([t.slot_mapping(p) for t, p in zip(self.tables, positions)])  # (B, T)
-        n_max = max(lengths)
-        mask = torch.arange(n_max, device=positions.device) <= positions[:, :, None]  # (B, T, N)
-        plan = dict(lengths=lengths, slots=slots.reshape(-1), mask=mask[:, None],
-                    gather=gather_index(self.tables, lengths, self.k.device))
-        if self.use_triton and T == 1:
+        plan = dict(lengths=lengths, slots=slots.reshape(-1))
+        if not (self.use_triton and T == 1):  # the gather path: slot index and causal mask
+            mask = torch.arange(max(lengths), device=positions.device) <= positions[:, :, None]
+            plan.update(mask=mask[:, None],  # (B, 1, T, N)
+                        gather=gather_index(self.tables, lengths, self.k.device))
+        else:
             width = max(len(t.blocks) for t in self.tables)
             table = torch.zeros(B, width, dtype=torch.int32)
             for b, t in enumerate(self.tables):

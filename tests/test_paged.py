@@ -345,3 +345,28 @@ def test_triton_is_optional():
                                                 torch.zeros(1, 1, 1, 2),
                                                 torch.zeros(1, 1, dtype=torch.int32),
                                                 torch.ones(1, dtype=torch.int32))
+
+
+@pytest.mark.skipif(not paged_triton.available("cpu"),
+                    reason="needs Triton; on a CPU run with TRITON_INTERPRET=1")
+@torch.inference_mode()
+def test_model_decode_through_the_triton_path(tiny):
+    """The whole model, decode rows through the fused kernel, prefill through the gather path."""
+    torch.manual_seed(2)
+    lengths = [3, 20, 9]
+    prompts = [torch.randint(0, 512, (n,)) for n in lengths]
+    cache = PagedKVCache.for_model(tiny, num_blocks=12, block_size=16, use_triton=True)
+    tables = []
+    for p in prompts:
+        t = cache.new_table()
+        t.append(len(p))
+        cache.bind([t])
+        tiny(p[None], torch.arange(len(p))[None], cache)
+        tables.append(t)
+    nxt = torch.randint(0, 512, (len(lengths),))
+    for t in tables:
+        t.append(1)
+    cache.bind(tables)
+    logits = tiny(nxt[:, None], torch.tensor(lengths)[:, None], cache)[:, -1]
+    ref = torch.stack([_contiguous_logits(tiny, p, x) for p, x in zip(prompts, nxt)])
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
