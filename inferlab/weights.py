@@ -68,7 +68,8 @@ def _warn_unsupported(hf: dict) -> None:
                       "does not implement: its outputs will differ from the reference model's "
                       "(choose a checkpoint without rope_scaling, such as Qwen2.5 or TinyLlama)",
                       stacklevel=3)
-    if hf.get("use_sliding_window"):
+    if hf.get("use_sliding_window") or (hf.get("model_type") == "mistral"
+                                        and hf.get("sliding_window")):
         warnings.warn("this checkpoint uses sliding-window attention, which inferlab does not "
                       "implement: contexts longer than the window will differ", stacklevel=3)
 
@@ -95,7 +96,10 @@ def _weight_files(path: Path) -> dict[str, Path]:
         if missing:
             raise FileNotFoundError(f"{INDEX_NAME} lists shards that are not in {path}: {missing}")
         return {name: path / f for name, f in weight_map.items()}
-    files = sorted(path.glob("*.safetensors"))
+    # Prefer the standard single file: some repositories also ship other layouts beside it
+    # (Mistral's consolidated.safetensors) whose tensor names differ.
+    files = [path / SINGLE_NAME] if (path / SINGLE_NAME).is_file() else \
+        sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {path} (inferlab reads safetensors "
                                 "only, not .bin or .pth files)")

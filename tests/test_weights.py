@@ -203,3 +203,11 @@ def test_tokenizer_through_transformers_when_it_is_installed(tmp_path):
     assert tokenizer.source == "transformers" and tokenizer.eos_token_id == 0
     ids = tokenizer.encode("w1 w2 w3")
     assert ids == [3, 4, 5] and tokenizer.decode(ids).split() == ["w1", "w2", "w3"]
+
+
+def test_the_standard_file_wins_over_other_layouts_beside_it(tmp_path):
+    model = build_model(LLAMA, seed=10)
+    path = save_checkpoint(model, tmp_path)
+    from safetensors.torch import save_file
+    save_file({"tok_embeddings.weight": torch.zeros(3, 3)}, str(path / "consolidated.safetensors"))
+    assert torch.equal(load_checkpoint(path).lm_head.weight, model.lm_head.weight)
