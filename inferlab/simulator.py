@@ -145,6 +145,24 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
     return FittedCosts.fit(prefills, decodes, f"measured on {model.device} with time_fn")
 
 
+def measure_costs_for(model, requests: list[Request], max_batch: int, block_size: int = 16,
+                      min_run_time: float = 0.05) -> FittedCosts:
+    """``measure_costs`` on a grid that spans a trace: prompt lengths up to its longest prompt,
+    batches up to ``max_batch``, contexts from its shorter to its longer requests."""
+    prompts = sorted(len(r.prompt) for r in requests)
+    totals = sorted(len(r.prompt) + r.max_new_tokens for r in requests)
+    pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    prefill_lens = sorted({max(1, pick(prompts, q)) for q in (0.05, 0.5, 0.9)} | {prompts[-1]})
+    while len(prefill_lens) < 3:
+        prefill_lens.append(prefill_lens[-1] + 1)
+    contexts = sorted({max(2, pick(totals, q) // 2) for q in (0.1, 0.5, 0.9)})
+    while len(contexts) < 3:
+        contexts.append(contexts[-1] + 1)
+    batches = sorted({1, max(1, max_batch // 4), max(1, max_batch // 2), max_batch})
+    return measure_costs(model, tuple(prefill_lens), tuple(batches), tuple(contexts), block_size,
+                         min_run_time)
+
+
 @dataclass(frozen=True)
 class RooflineCosts:
     """Step times of ``config`` on a table device: max(FLOPs / peak, bytes / bandwidth).

@@ -35,8 +35,8 @@ from inferlab.engine import Engine, summarize_results
 from inferlab.hardware import detect_device, get_device_spec
 from inferlab.metrics import Summary
 from inferlab.model import ModelConfig, build_model
-from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device, measure_costs,
-                                simulate, trace_requests)
+from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device,
+                                measure_costs_for, simulate, trace_requests)
 
 
 @dataclass(frozen=True)
@@ -183,10 +183,7 @@ def main(argv=None) -> int:
     print(f"  continuous / static throughput: {ratio:.2f}x  (preemptions: "
           f"{runs['continuous'][1].num_preemptions})")
 
-    costs = measure_costs(model, block_size=bs, min_run_time=args.min_run_time,
-                          prefill_lens=(8, 32, 64, 128) if scale < 1 else (32, 128, 512, 1024),
-                          batches=(1, max_batch // 4, max_batch // 2, max_batch),
-                          contexts=(16, 64, 128) if scale < 1 else (128, 512, 1024))
+    costs = measure_costs_for(model, requests, max_batch, bs, args.min_run_time)
     errors = simulator_error(costs, requests, measured, num_blocks, bs, max_batch)
     for policy, e in errors.items():
         print(f"  simulator, {policy:10s}: predicted {e['predicted_tok_s']:9.1f} tok/s, "

@@ -193,11 +193,11 @@ def continuous_policy(fn):
                          sched.allocator.num_blocks, hint="a finished or preempted sequence "
                          "must give its blocks back (the Scheduler's actions do).")
         # The check that matters most: real tokens, under memory pressure, equal generating alone.
-        requests = _requests(7, 10, 16, 16, 0.0)
-        engine = Engine(_model(), num_blocks=12, block_size=4, max_batch=6, policy=f)
+        requests = _requests(7, 8, 12, 12, 0.0)
+        engine = Engine(_model(), num_blocks=8, block_size=4, max_batch=6, policy=f)
         results = engine.run(requests)
         if engine.num_preemptions == 0:
-            raise CheckFailed("10 requests in 12 blocks of 4 tokens ran without a single "
+            raise CheckFailed("8 requests in 8 blocks of 4 tokens ran without a single "
                               "preemption, which cannot fit.\n  Hint: check that you call "
                               "sched.preempt when sched.can_append(seq) is False.")
         for request, result in zip(requests, results):

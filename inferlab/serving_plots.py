@@ -1,0 +1,85 @@
+"""Figures for Chapter 4 and Lab 4: who ran when, and what latency a throughput costs.
+
+- ``plot_timeline``: one row per batch slot, one bar per forward pass a request took part in
+  (prefill, decode, or padding in a static batch), and a cross where a request was preempted.
+  Built from the ``Iteration`` log of an engine run or a simulation.
+- ``plot_latency_throughput``: for each policy, a latency percentile against the throughput
+  reached at each offered load: the curve an operator reads a service's capacity from.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+
+def _slots(iterations):
+    """Give each running request a stable row (batch slot) for as long as it runs."""
+    rows, free, placed = {}, [], []
+    for it in iterations:
+        present = {sid for sid, _, _ in it.prefills} | set(it.decode_ids) | set(it.padding_ids)
+        for sid in list(rows):
+            if sid not in present:
+                free.append(rows.pop(sid))
+        free.sort()
+        for sid in [s for s, _, _ in it.prefills] + list(it.decode_ids) + list(it.padding_ids):
+            if sid not in rows:
+                rows[sid] = free.pop(0) if free else len(rows) + len(free)
+        placed.append(dict(rows))
+    return placed
+
+
+def plot_timeline(iterations, ax=None, title: str = "", time_unit: float = 1e-3,
+                  unit_label: str = "ms"):
+    """Draw which request occupied which batch slot over time; returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    colors = plt.get_cmap("tab20").colors
+    for it, rows in zip(iterations, _slots(iterations)):
+        t = it.start_s
+        for sid, _, seconds in it.prefills:
+            ax.barh(rows[sid], seconds / time_unit, left=t / time_unit, height=0.8,
+                    color=colors[sid % 20], edgecolor="black", linewidth=0.6)
+            t += seconds
+        for sid in it.decode_ids:
+            ax.barh(rows[sid], it.decode_s / time_unit, left=t / time_unit, height=0.8,
+                    color=colors[sid % 20])
+        for sid in it.padding_ids:
+            ax.barh(rows[sid], it.decode_s / time_unit, left=t / time_unit, height=0.8,
+                    color="lightgrey", hatch="///", edgecolor="grey", linewidth=0)
+        for sid in it.preempted:
+            ax.plot(it.start_s / time_unit, rows.get(sid, 0), "kx", markersize=7)
+    ax.set_xlabel(f"time ({unit_label})")
+    ax.set_ylabel("batch slot")
+    ax.invert_yaxis()
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_latency_throughput(curves: dict[str, list[tuple[float, float]]], ax=None,
+                            metric: str = "p99 latency", unit: str = "s", title: str = "",
+                            measured: dict[str, list[tuple[float, float]]] | None = None):
+    """``curves[policy]`` = [(throughput tok/s, latency), ...] by offered load; returns the axes.
+
+    ``measured`` adds points from real runs beside the simulated curves.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    styles = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
+    for policy, points in curves.items():
+        color, marker = styles.get(policy, ("tab:grey", "^"))
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker=marker, color=color, label=f"{policy} (simulated)")
+    for policy, points in (measured or {}).items():
+        color, _ = styles.get(policy, ("tab:grey", "^"))
+        xs, ys = zip(*points)
+        ax.scatter(xs, ys, s=90, facecolors="none", edgecolors=color, linewidths=2,
+                   label=f"{policy} (measured)", zorder=3)
+    ax.set_xlabel("throughput (output tokens/s)")
+    ax.set_ylabel(f"{metric} ({unit})")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
