@@ -12,6 +12,9 @@ Small modules, one concern each (read them in this order):
 - ``kv_cache`` and ``generate``: the reference KV cache and the generation steps.
 - ``weights``: load and save Hugging Face checkpoints (safetensors), and their tokenizers.
 - ``gqa`` and ``capacity``: fewer KV heads by mean pooling; how many requests fit on a device.
+- ``scheduler``, ``engine`` and ``metrics``: continuous batching over the paged cache (admission,
+  preemption by recompute, a static baseline), ``serve(model, requests)``, TTFT/TPOT/percentiles.
+- ``simulator`` and ``serving_plots``: the serving loop with modelled step times, and its figures.
 - ``benchmarks``: runnable measurements (``python -m inferlab.benchmarks.kv_cache``, ...).
 - ``checks``: the feedback cells of each lab.
 - ``labgen``: generates the student labs from the solved notebooks.
