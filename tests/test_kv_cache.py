@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferlab import formulas
 from inferlab.capacity import DEFAULT_ACTIVATION_RESERVE, capacity, plot_capacity, show_capacity
@@ -11,6 +13,7 @@ from inferlab.kv_cache import CacheFullError, KVCache, StaticKVCache
 from inferlab.model import ModelConfig, build_model
 
 KIB = 2**10
+_MODEL = build_model("tiny", seed=0)  # shared by the property test (hypothesis calls it often)
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +294,22 @@ def test_grouped_attention_equals_sdpa_with_enable_gqa(heads, kv_heads, T):
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                                 enable_gqa=True)
     torch.testing.assert_close(grouped_attention(q, k, v, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(chunks=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=6),
+       static=st.booleans())
+def test_any_split_into_prefill_chunks_and_steps_equals_recomputation(chunks, static):
+    """Property: however a sequence is fed (chunks of any size), every logit equals the uncached one."""
+    model = _MODEL
+    total = sum(chunks)
+    tokens = _tokens((1, total), seed=total)
+    with torch.no_grad():
+        full = model(tokens)
+        cache = (StaticKVCache if static else KVCache).for_model(model, 1, max_len=total)
+        start = 0
+        for n in chunks:
+            got = model(tokens[:, start:start + n], torch.arange(start, start + n), cache)
+            torch.testing.assert_close(got, full[:, start:start + n], atol=1e-5, rtol=1e-5)
+            start += n
+    assert cache.length == total
