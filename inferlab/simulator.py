@@ -76,6 +76,8 @@ class FittedCosts:
     prefill: tuple[float, float, float]
     decode: tuple[float, float, float]
     source: str = ""
+    prefill_samples: tuple[tuple[int, float], ...] = field(default=(), repr=False)
+    decode_samples: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
 
     def prefill_s(self, n_tokens: int) -> float:
         a, b, c = self.prefill
@@ -88,14 +90,15 @@ class FittedCosts:
     @classmethod
     def fit(cls, prefills: Iterable[tuple[int, float]],
             decodes: Iterable[tuple[int, int, float]], source: str = "") -> "FittedCosts":
-        """Least squares over (T, seconds) prefill samples and (n, C, seconds) decode samples."""
+        """Least squares over (T, seconds) prefill samples and (n, C, seconds) decode samples
+        (kept in ``prefill_samples`` and ``decode_samples``)."""
         prefills, decodes = list(prefills), list(decodes)
         if len({t for t, _ in prefills}) < 3 or len({(n, c) for n, c, _ in decodes}) < 3:
             raise ValueError("need prefills at 3 or more lengths and decodes at 3 or more "
                              "(batch, context) points to fit the cost model")
         p = _nonnegative_lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
         d = _nonnegative_lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
-        return cls(p, d, source)
+        return cls(p, d, source, tuple(prefills), tuple(decodes))
 
     @classmethod
     def from_iterations(cls, iterations: Iterable[Iteration], source: str = "") -> "FittedCosts":

@@ -143,6 +143,8 @@ def main(argv=None) -> int:
                         metavar=("MODEL", "DEVICE"), help="a table model and GPU to simulate")
     parser.add_argument("--extrapolate-rate", type=float, default=32.0,
                         help="requests per second in the extrapolation")
+    parser.add_argument("--extrapolate-requests", type=int, default=1000,
+                        help="full-size requests in the extrapolation")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
 
@@ -197,8 +199,9 @@ def main(argv=None) -> int:
             print(f"rate {r:6.1f}/s" + _line(policy, s))
 
     ex_model, ex_device = args.extrapolate
-    ex = extrapolate(ex_model, ex_device, 1000, args.extrapolate_rate, 256, bs)
-    print(f"simulated {ex_model} on {ex_device} at roofline speed, 1000 full-size requests at "
+    ex = extrapolate(ex_model, ex_device, args.extrapolate_requests, args.extrapolate_rate, 256, bs)
+    print(f"simulated {ex_model} on {ex_device} at roofline speed, {args.extrapolate_requests} "
+          f"full-size requests at "
           f"{ex['rate']:g} req/s, max batch 256, {ex['num_blocks']} blocks: continuous "
           f"{ex['continuous']['throughput_tok_s']:,.0f} tok/s vs static "
           f"{ex['static']['throughput_tok_s']:,.0f} ({ex['ratio']:.2f}x)")
