@@ -72,9 +72,23 @@ def blocks_for(requests, max_batch: int, block_size: int) -> int:
     return max_batch * -(-longest // block_size)
 
 
+def fit_blocks(model, wanted: int, block_size: int = 16, fraction: float = 0.8) -> int:
+    """``wanted`` blocks, or on a GPU as many as fit in ``fraction`` of its free memory."""
+    if model.device.type != "cuda":
+        return wanted
+    c = model.config
+    block_bytes = 2 * c.n_layers * block_size * c.n_kv_heads * c.head_dim * \
+        torch.empty((), dtype=model.dtype).element_size()
+    free, _ = torch.cuda.mem_get_info(model.device)
+    return max(1, min(wanted, int(free * fraction) // block_bytes))
+
+
 def serve_both(model, requests, num_blocks: int, block_size: int = 16,
-               max_batch: int = 32) -> dict[str, tuple[Summary, Engine]]:
-    """Serve ``requests`` with each policy; ``{policy: (summary, engine)}``."""
+               max_batch: int = 32) -> dict[str, tuple[Summary, int, list]]:
+    """Serve ``requests`` with each policy: ``{policy: (summary, preemptions, iterations)}``.
+
+    Each engine (and its KV cache) is dropped before the next one is built.
+    """
     out = {}
     for policy in POLICIES:
         engine = Engine(model, num_blocks, block_size, max_batch, policy)
@@ -82,7 +96,10 @@ def serve_both(model, requests, num_blocks: int, block_size: int = 16,
         bad = [r.error for r in results if not r.ok]
         if bad:
             raise ValueError(f"{len(bad)} requests were refused, e.g. {bad[0]}")
-        out[policy] = (summarize_results(results), engine)
+        out[policy] = (summarize_results(results), engine.num_preemptions, engine.iterations)
+        del engine
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -167,7 +184,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} threads; profile {profile.name}")
 
     requests = make_trace(n, scale, rate, model.config.vocab_size, ctx)
-    num_blocks = blocks_for(requests, max_batch, bs)
+    num_blocks = fit_blocks(model, blocks_for(requests, max_batch, bs), bs)
     mean_in = sum(len(r.prompt) for r in requests) / n
     mean_out = sum(r.max_new_tokens for r in requests) / n
     print(f"trace: {n} ShareGPT-like requests x{scale:g} (mean prompt {mean_in:.1f}, output "
@@ -177,13 +194,13 @@ def main(argv=None) -> int:
     serve_both(model, requests[: min(n, 4)], num_blocks, bs, max_batch)  # warm-up
     start = time.perf_counter()
     runs = serve_both(model, requests, num_blocks, bs, max_batch)
-    measured = {p: s for p, (s, _) in runs.items()}
+    measured = {p: s for p, (s, _, _) in runs.items()}
     ratio = measured["continuous"].throughput / measured["static"].throughput
     print(f"served both in {time.perf_counter() - start:.1f} s:")
     for policy, s in measured.items():
         print(_line(policy, s))
     print(f"  continuous / static throughput: {ratio:.2f}x  (preemptions: "
-          f"{runs['continuous'][1].num_preemptions})")
+          f"{runs['continuous'][1]})")
 
     costs = measure_costs_for(model, requests, max_batch, bs, args.min_run_time)
     errors = simulator_error(costs, requests, measured, num_blocks, bs, max_batch)
@@ -194,7 +211,7 @@ def main(argv=None) -> int:
     curve = []
     for r in args.rates or ():
         reqs = make_trace(n, scale, r, model.config.vocab_size, ctx)
-        for policy, (s, _) in serve_both(model, reqs, num_blocks, bs, max_batch).items():
+        for policy, (s, _, _) in serve_both(model, reqs, num_blocks, bs, max_batch).items():
             curve.append({"rate": r, "policy": policy, **s.row()})
             print(f"rate {r:6.1f}/s" + _line(policy, s))
 
@@ -222,6 +239,7 @@ def main(argv=None) -> int:
                   "model": model_name, "dtype": str(dtype).removeprefix("torch."),
                   "requests": n, "length_scale": scale, "rate_req_s": rate,
                   "max_batch": max_batch, "block_size": bs, "num_blocks": num_blocks,
+                  "preemptions": runs["continuous"][1],
                   "throughput_ratio": ratio,
                   "static": measured["static"].row(), "continuous": measured["continuous"].row(),
                   "simulator": {"costs": {"prefill": costs.prefill, "decode": costs.decode},
