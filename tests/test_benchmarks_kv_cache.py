@@ -58,3 +58,34 @@ def test_decode_step_matches_the_model_forward():
         model(tokens[:, :8], torch.arange(8), cache)
         logits = decode_gpu.decode_step(model, tokens[:, 8:], torch.tensor([8]), cache)
     torch.testing.assert_close(logits, full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_gpu_main_records_a_readable_run_dry_run_on_cpu(monkeypatch, tmp_path, capsys):
+    """The GPU path end to end with the device calls pointed at the CPU and a tiny model."""
+    from inferlab import hardware
+    from inferlab.measurements import results_of
+
+    real_run = decode_gpu.run
+
+    def fake_run(model, prompt_len, new_tokens, compile, min_run_time):
+        if compile:  # the compiled mode failing must not lose the eager row
+            raise RuntimeError("no compiler here")
+        return real_run(model, prompt_len, new_tokens, compile=False, min_run_time=0.01)
+
+    monkeypatch.setattr(decode_gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(decode_gpu, "check_dtype", lambda dtype, device: torch.float32)
+    monkeypatch.setattr(decode_gpu, "detect_device", lambda device: hardware.detect_device("cpu"))
+    monkeypatch.setattr(decode_gpu, "build_model", lambda name, **kw: build_model("tiny"))
+    monkeypatch.setattr(decode_gpu, "measure_bandwidth",
+                        lambda device: hardware.measure_bandwidth("cpu", n_bytes=2**24,
+                                                                  min_run_time=0.01))
+    monkeypatch.setattr(decode_gpu, "run", fake_run)
+    out = tmp_path / "decode.json"
+    assert decode_gpu.main(["--prompt-len", "4", "--new-tokens", "4", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "decode_gpu" and record["best_mode"] == "eager"
+    assert "compiled (CUDA graphs)" in record["errors"]
+    assert record["results"][0]["tokens_per_s"] > 0 and "torch" in record and "date" in record
+    scalars, rows = results_of(record)
+    assert rows and "best_tokens_per_s" in scalars
+    assert "failed" in capsys.readouterr().out
