@@ -63,7 +63,7 @@ def run(model, prompt_len: int = 16, new_tokens: int = 128, compile: bool = True
         torch._dynamo.mark_static_address(cache.k)  # the buffers are mutated in place
         torch._dynamo.mark_static_address(cache.v)
         step = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True)
-    with torch.inference_mode():
+    with torch.no_grad():  # as gpt-fast does; inference_mode tensors and CUDA graphs mix less well
         model(prompt, torch.arange(prompt_len, device=device), cache)  # prefill, eager
         cache.length = prompt_len
         token = torch.zeros(1, 1, dtype=torch.long, device=device)
