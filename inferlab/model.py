@@ -102,7 +102,9 @@ class ModelConfig:
             ffn_dim=hf["intermediate_size"], vocab_size=hf["vocab_size"],
             max_seq_len=hf.get("max_position_embeddings", 2048),
             head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            # transformers 5 moved rope_theta into rope_parameters; older files keep it on top
+            rope_theta=float(hf.get("rope_theta")
+                             or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
             attention_bias=bool(hf.get("attention_bias",
                                        hf.get("model_type") == "qwen2")),
@@ -277,12 +279,13 @@ class Llama(nn.Module):
         T = tokens.shape[1]
         if positions is None:
             positions = torch.arange(T, device=tokens.device)
-        if int(positions.max()) >= self.config.max_seq_len:
-            raise ValueError(f"position {int(positions.max())} is beyond the model's context of "
-                             f"{self.config.max_seq_len} tokens")
-        if int(tokens.max()) >= self.config.vocab_size or int(tokens.min()) < 0:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        if tokens.device.type == "cpu":  # on a GPU these reads would stall every step
+            if int(positions.max()) >= self.config.max_seq_len:
+                raise ValueError(f"position {int(positions.max())} is beyond the model's context "
+                                 f"of {self.config.max_seq_len} tokens")
+            if int(tokens.max()) >= self.config.vocab_size or int(tokens.min()) < 0:
+                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
+                                 f"[{int(tokens.min())}, {int(tokens.max())}]")
         x = self.model.embed_tokens(tokens)  # (B, T, d)
         for layer in self.model.layers:
             x = layer(x, positions, cache)
