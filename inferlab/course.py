@@ -108,31 +108,57 @@ def _text(node) -> str | None:
     return None
 
 
+def _hints_in(function: ast.FunctionDef) -> list[str]:
+    """Hint texts in one function: ``hint=`` arguments, ``hint`` variables and dicts, text after
+    "Hint:" in a message, and the strings a helper named ``*hint*`` returns."""
+    found = []
+    for sub in ast.walk(function):
+        if isinstance(sub, ast.keyword) and sub.arg == "hint":
+            found.append(_text(sub.value))
+        elif isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and "hint" in t.id.lower()
+                                                 for t in sub.targets):
+            values = sub.value.values if isinstance(sub.value, ast.Dict) else [sub.value]
+            found += [_text(v) for v in values]
+        elif isinstance(sub, ast.Return) and "hint" in function.name.lower() and sub.value:
+            found.append(_text(sub.value))
+        elif isinstance(sub, (ast.Constant, ast.JoinedStr)):
+            text = _text(sub)
+            if text and "Hint:" in text:
+                found.append(text.split("Hint:", 1)[1])
+    out = []
+    for text in found:
+        text = " ".join((text or "").split())
+        if text.replace("...", "").strip(" .:") and text not in out:
+            out.append(text)
+    return out
+
+
 def check_summaries(module: str, root: Path = ROOT) -> list[CheckSummary]:
-    """The checks of ``inferlab/checks/<module>.py`` in file order, with their hint strings."""
+    """The checks of ``inferlab/checks/<module>.py`` in file order, with every hint each can give
+    (its own and those of the module's private helpers it calls, directly or not)."""
     path = root / "inferlab" / "checks" / f"{module}.py"
     if not re.fullmatch(r"lab\w+", module) or not path.is_file():
         return []
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    functions = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
     out = []
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+    for node in functions.values():
+        if node.name.startswith("_"):
             continue
         doc = ast.get_docstring(node) or ""
         m = re.match(r"\s*Exercises?\s+([0-9A-Za-z_.]*[0-9A-Za-z_])\s*:?\s*(.*)", doc, re.DOTALL)
         if not m:
             continue
+        seen, todo = {node.name}, [node]
+        while todo:  # the private helpers this check reaches
+            for sub in ast.walk(todo.pop()):
+                if isinstance(sub, ast.Name) and sub.id in functions and sub.id.startswith("_") \
+                        and sub.id not in seen:
+                    seen.add(sub.id)
+                    todo.append(functions[sub.id])
         hints = []
-        for sub in ast.walk(node):
-            found = []
-            if isinstance(sub, ast.keyword) and sub.arg == "hint":
-                found.append(sub.value)
-            elif isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and "hint" in t.id
-                                                     for t in sub.targets):
-                found.append(sub.value)
-            for value in found:
-                text = _text(value)
-                if text and " ".join(text.split()) not in hints:
-                    hints.append(" ".join(text.split()))
+        for name in [node.name] + sorted(seen - {node.name}):
+            hints += [h for h in _hints_in(functions[name]) if h not in hints]
         first = " ".join(m.group(2).split("\n\n")[0].split())
         out.append(CheckSummary(m.group(1), node.name, first, tuple(hints)))
     return out
