@@ -182,6 +182,10 @@ def _cell_name(nb, index: int) -> str:
     return f'cell {index + 1} ("{_first_line(nb.cells[index].source)}")'
 
 
+def _first_error(cell):
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+
+
 def _cell_errors(nb) -> list[dict]:
     errors = []
     for i, cell in enumerate(nb.cells):
@@ -209,9 +213,16 @@ def _why_not_run(nb, label: str, checks: dict[str, str], alias: str | None,
     if index == stopped_at:
         return f"its check cell, {where}, was running when {stop_reason}"
     cell = nb.cells[index]
-    error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+    error = _first_error(cell)
     if error is not None:
-        return f"its check cell, {where}, raised {error.get('ename')}: {error.get('evalue')}"
+        because = ""
+        exercise = next((i for i in range(index - 1, -1, -1) if nb.cells[i].cell_type == "code"
+                         and re.match(r"\s*#\s*Exercise\b", nb.cells[i].source)), None)
+        if exercise is not None and (cause := _first_error(nb.cells[exercise])) is not None:
+            because = (f"its exercise cell, {_cell_name(nb, exercise)}, raised "
+                       f"{cause.get('ename')}: {cause.get('evalue')}; then ")
+        return (f"{because}its check cell, {where}, raised {error.get('ename')}: "
+                f"{error.get('evalue')}")
     if cell.get("execution_count") is None and not cell.get("outputs"):
         return f"its check cell, {where}, was not reached" + (f": {stop_reason}" if stop_reason else "")
     return f"its check cell, {where}, ran but printed no [PASS], [FAIL] or [TODO] line"
@@ -224,7 +235,8 @@ def summarise(nb, path: str, run: str, detail: str, seconds: float,
     checks = exercises_of(module) if module else {}
     tags = read_tags(nb)
     labels = list(dict.fromkeys([*checks.values(), *tags]))
-    stop_reason = "" if run == COMPLETED else f"the notebook {run}"
+    stop_reason = {TIMED_OUT: "the notebook ran out of time", KERNEL_DIED: "the kernel died",
+                   GRADER_ERROR: "the run stopped on a grader error"}.get(run, "")
     exercises = []
     for label in labels:
         if label in tags:

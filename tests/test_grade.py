@@ -11,6 +11,7 @@ next one. Both calls run the CPU profile (conftest sets INFERLAB_PROFILE=cpu).
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -148,6 +149,8 @@ def test_syntax_error_fails_one_exercise_and_the_rest_are_still_graded(full_runs
     ex = _by_label(r)
     assert ex["1.2"].result == grade.NOT_RUN
     assert "raised NameError" in ex["1.2"].message and "check.matmul_intensity" in ex["1.2"].message
+    assert re.match(r'its exercise cell, cell \d+ \("# Exercise 1\.2: ', ex["1.2"].message)
+    assert "raised SyntaxError" in ex["1.2"].message
     assert {k for k, e in ex.items() if e.result == grade.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
     assert r.cell_errors[0]["ename"] == "SyntaxError"
     assert "SyntaxError" in r.detail
