@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     model = build_model(model_name, seed=0, device=device, dtype=dtype)
     ctx = model.config.max_seq_len
     print(f"{model_name} ({str(dtype).removeprefix('torch.')}) on {info.name}, "
-          f"{torch.get_num_threads()} threads; profile {profile.name}")
+          f"{torch.get_num_threads()} CPU thread(s); profile {profile.name}")
 
     requests = make_trace(n, scale, rate, model.config.vocab_size, ctx)
     num_blocks = fit_blocks(model, blocks_for(requests, max_batch, bs), bs)
