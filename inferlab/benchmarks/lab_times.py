@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,15 +30,6 @@ from inferlab.data import data_path
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def _git_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, cwd=root)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> list[dict]:
@@ -64,6 +54,7 @@ def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> l
 
 
 def main(argv=None) -> int:
+    from inferlab.benchmarks.decode_gpu import _git_commit
     from inferlab.device import choose_profile
     from inferlab.hardware import detect_device
 
@@ -93,7 +84,7 @@ def main(argv=None) -> int:
               "repeat": args.repeat,
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
-              "results": rows, **info.provenance(), "git_commit": _git_commit(root)}
+              "results": rows, **info.provenance(), "git_commit": _git_commit()}
     out = args.out
     if out is None:
         slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
