@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import subprocess
 from pathlib import Path
 
 from inferlab.data import data_path
@@ -19,6 +20,43 @@ from inferlab.data import data_path
 PROVENANCE = ("benchmark", "device_name", "table_row", "dtype", "torch", "cuda", "driver",
               "threads", "date", "git_commit", "command")
 _NOT_RESULTS = set(PROVENANCE) | {"device", "model"}
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi, or None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout the package runs from, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def default_path(benchmark: str, info) -> Path:
+    """``data/measurements/<benchmark>_<device>_<date>.json`` for a ``DeviceInfo``."""
+    slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
+    folder = data_path("hardware.csv").parent / "measurements"
+    return folder / f"{benchmark}_{slug}_{info.provenance()['date']}.json"
+
+
+def write_record(record: dict, info, path: str | Path | None = None) -> Path:
+    """Write one run's ``record`` as JSON, with its provenance added (device, torch, CUDA,
+    threads, date from ``info``; the driver and the git commit), to ``path`` or the default."""
+    full = {**record, **info.provenance(), "driver": driver_version(), "git_commit": git_commit()}
+    out = Path(path) if path is not None else default_path(record["benchmark"], info)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+    return out
 
 
 def measurements_folder() -> Path | None:

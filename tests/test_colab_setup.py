@@ -26,7 +26,6 @@ import tomllib
 from pathlib import Path
 
 import nbformat
-import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 

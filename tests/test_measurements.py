@@ -35,3 +35,20 @@ def test_records_show_their_provenance_and_results(tmp_path):
     page = measurements.report_html(tmp_path)
     for text in ("NVIDIA H200", "570.1", "2026-11-30", "123.5", "speedup", "unreadable"):
         assert text in page
+
+
+def test_write_record_adds_provenance(tmp_path):
+    import json
+
+    from inferlab.hardware import detect_device
+    from inferlab.measurements import default_path, write_record
+
+    info = detect_device("cpu")
+    out = write_record({"benchmark": "toy", "results": [1, 2]}, info, tmp_path / "toy.json")
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "toy" and record["results"] == [1, 2]
+    for key in ("device_name", "torch", "date", "threads", "driver", "git_commit"):
+        assert key in record
+    path = default_path("toy", info)
+    assert path.parent.name == "measurements" and path.name.startswith("toy_")
+    assert path.name.endswith(f"_{record['date']}.json")

@@ -21,7 +21,6 @@ On a GPU the results are written, with provenance, to ``data/measurements/`` (on
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from pathlib import Path
 import torch
 
 from inferlab import traces
-from inferlab.data import data_path
 from inferlab.device import check_dtype, choose_profile, get_profile
 from inferlab.engine import Engine, summarize_results
 from inferlab.hardware import detect_device, get_device_spec
@@ -38,6 +36,7 @@ from inferlab.metrics import Summary
 from inferlab.model import ModelConfig, build_model
 from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device,
                                 measure_costs_for, simulate, trace_requests)
+from inferlab.measurements import write_record
 
 
 @dataclass(frozen=True)
@@ -242,16 +241,7 @@ def main(argv=None) -> int:
           f"{ex['continuous']['throughput_tok_s']:,.0f} tok/s vs static "
           f"{ex['static']['throughput_tok_s']:,.0f} ({ex['ratio']:.2f}x)")
 
-    out = args.out
-    if out is None and device == "cuda":
-        from inferlab.benchmarks.decode_gpu import _driver, _git_commit
-
-        slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
-        out = data_path("hardware.csv").parent / "measurements" / \
-            f"batching_{slug}_{info.provenance()['date']}.json"
-    if out is not None:
-        from inferlab.benchmarks.decode_gpu import _driver, _git_commit
-
+    if args.out is not None or device == "cuda":  # a GPU run is always recorded
         record = {"benchmark": "batching",
                   "command": "python -m inferlab.benchmarks.batching " + " ".join(
                       argv if argv is not None else sys.argv[1:]),
@@ -263,10 +253,8 @@ def main(argv=None) -> int:
                   "static": measured["static"].row(), "continuous": measured["continuous"].row(),
                   "simulator": {"costs": {k: {"prefill": c.prefill, "decode": c.decode}
                                           for k, c in costs.items()}, **errors},
-                  "results": curve, "extrapolation": ex,
-                  **info.provenance(), "driver": _driver(), "git_commit": _git_commit()}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+                  "results": curve, "extrapolation": ex}
+        out = write_record(record, info, args.out)
         print(f"wrote {out}")
     return 0
 

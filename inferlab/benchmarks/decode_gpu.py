@@ -21,18 +21,16 @@ the GPU wait at every step and split the graph. The run is written, with its pro
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from inferlab import formulas
-from inferlab.data import data_path
 from inferlab.device import check_dtype
 from inferlab.hardware import detect_device, measure_bandwidth
 from inferlab.kv_cache import StaticKVCache
+from inferlab.measurements import write_record
 from inferlab.model import build_model
 from inferlab.timing import time_fn
 
@@ -93,24 +91,6 @@ def run(model, prompt_len: int = 16, new_tokens: int = 128, compile: bool = True
             "weight_bytes_per_step": weights,
             "kv_bytes_per_step": cache.nbytes,  # StaticKVCache reads its whole buffer
             "kv_bytes_needed_mid_loop": kv_mid}
-
-
-def _driver() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def main(argv=None) -> int:
@@ -177,15 +157,8 @@ def main(argv=None) -> int:
               "best_utilisation_of_measured_bandwidth": best["utilisation_of_measured_bandwidth"],
               "best_utilisation_of_datasheet_bandwidth":
                   best.get("utilisation_of_datasheet_bandwidth"),
-              "errors": errors, "results": rows,
-              **info.provenance(), "driver": _driver(), "git_commit": _git_commit()}
-    out = args.out
-    if out is None:
-        device_slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
-        out = (data_path("hardware.csv").parent / "measurements"
-               / f"decode_gpu_{device_slug}_{record['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+              "errors": errors, "results": rows}
+    out = write_record(record, info, args.out)
     print(f"wrote {out}")
     return 0
 

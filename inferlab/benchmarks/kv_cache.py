@@ -12,7 +12,6 @@ Both are timed with ``inferlab.timing.time_fn`` (``torch.utils.benchmark``), as 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from inferlab.hardware import detect_device
 from inferlab.kv_cache import KVCache
 from inferlab.model import build_model
 from inferlab.timing import time_fn
+from inferlab.measurements import write_record
 
 DEFAULT_CONTEXTS = (128, 512, 2048)
 
@@ -108,10 +108,9 @@ def main(argv=None) -> int:
         record = {"benchmark": "kv_cache", "command": " ".join(["python -m inferlab.benchmarks.kv_cache",
                                                                 *(argv or sys.argv[1:])]),
                   "model": args.model, "dtype": str(dtype).removeprefix("torch."),
-                  "results": rows, **info.provenance()}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+                  "results": rows}
+        out = write_record(record, info, args.json)
+        print(f"wrote {out}")
     return 0
 
 

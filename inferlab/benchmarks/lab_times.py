@@ -17,7 +17,6 @@ and the status page read it from there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -25,6 +24,7 @@ import sys
 from pathlib import Path
 
 from inferlab.data import data_path
+from inferlab.measurements import write_record
 
 
 def _children_cpu_s() -> float:
@@ -54,7 +54,6 @@ def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> l
 
 
 def main(argv=None) -> int:
-    from inferlab.benchmarks.decode_gpu import _git_commit
     from inferlab.device import choose_profile
     from inferlab.hardware import detect_device
 
@@ -84,13 +83,8 @@ def main(argv=None) -> int:
               "repeat": args.repeat,
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
-              "results": rows, **info.provenance(), "git_commit": _git_commit()}
-    out = args.out
-    if out is None:
-        slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
-        out = root / "data" / "measurements" / f"lab_times_{slug}_{record['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+              "results": rows}
+    out = write_record(record, info, args.out)
     print(f"wrote {out}")
     return 0
 

@@ -22,7 +22,6 @@ gather-then-attend path, and on a GPU with Triton the fused kernel
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -31,13 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from inferlab import formulas, memory_sim, paged_triton, traces
-from inferlab.data import data_path
 from inferlab.device import check_dtype, choose_profile
 from inferlab.hardware import detect_device
 from inferlab.model import ModelConfig
 from inferlab.paged import BlockAllocator, BlockTable, gather_index, gather_kv
 from inferlab.prefix_cache import prefix_sharing_experiment
 from inferlab.timing import time_fn
+from inferlab.measurements import write_record
 
 PAPER_KV_GIB = 12  # KV memory of OPT-13B on one A100-40GB (Kwon et al. 2023, Table 1 / Sec. 3)
 SYSTEM_PROMPT = 341  # tokens of the shared 5-shot prefix in the paper's Sec. 6.4
@@ -193,18 +192,10 @@ def main(argv=None) -> int:
         if not paged_triton.available(args.device):
             print("  (no fused Triton kernel here: it needs Triton and a CUDA GPU)")
         record.update(shape=shape, dtype=str(dtype).removeprefix("torch."), kernels=times,
-                      results=[{"path": k, **v} for k, v in times.items()], **info.provenance())
-        if args.device == "cuda":
-            from inferlab.benchmarks.decode_gpu import _driver, _git_commit
-            record.update(driver=_driver(), git_commit=_git_commit())
-            if args.json is None:
-                slug = info.name.lower().replace(" ", "_")
-                args.json = (data_path("hardware.csv").parent / "measurements"
-                             / f"paged_{slug}_{record['date']}.json")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+                      results=[{"path": k, **v} for k, v in times.items()])
+    if args.json or args.device == "cuda":  # a GPU run is always recorded
+        out = write_record(record, info, args.json)
+        print(f"wrote {out}")
     return 0
 
 
