@@ -12,12 +12,20 @@ Small modules, one concern each (read them in this order):
 - ``kv_cache`` and ``generate``: the reference KV cache and the generation steps.
 - ``weights``: load and save Hugging Face checkpoints (safetensors), and their tokenizers.
 - ``gqa`` and ``capacity``: fewer KV heads by mean pooling; how many requests fit on a device.
+- ``traces``: synthetic ShareGPT- and Alpaca-like request lengths, Poisson arrivals.
+- ``paged`` (and ``paged_triton``): block allocator, block tables with copy-on-write, the paged
+  KV cache and its attention (a fused Triton decode kernel where a GPU has Triton).
+- ``memory_sim`` and ``prefix_cache``: where reserved KV memory goes under each reservation
+  policy; prefix caching by hashing full blocks.
 - ``scheduler``, ``engine`` and ``metrics``: continuous batching over the paged cache (admission,
   preemption by recompute, a static baseline), ``serve(model, requests)``, TTFT/TPOT/percentiles.
 - ``simulator`` and ``serving_plots``: the serving loop with modelled step times, and its figures.
 - ``benchmarks``: runnable measurements (``python -m inferlab.benchmarks.kv_cache``, ...).
-- ``checks``: the feedback cells of each lab.
-- ``labgen``: generates the student labs from the solved notebooks.
+- ``explore``: the roofline explorer (where decode lands for a device, model, batch, dtype).
+- ``measurements``: results measured on real devices (``data/measurements``) with provenance.
+- ``checks``: the feedback cells of each lab; ``grade``: grades submitted lab notebooks.
+- ``labgen``: generates the student labs from the solved notebooks; ``course``: reads the
+  table of contents, the labs and their checks (for the grader and the instructor guide).
 """
 
 from inferlab.data import data_path, read_table
