@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("INFERLAB_PROFILE", "cpu")
-os.environ.setdefault("MPLBACKEND", "Agg")
+# A non-interactive MPLBACKEND (Agg) would reach the Jupyter kernels that nbval and the book
+# build start, and the notebooks would then show no figures at all (tests/test_site.py catches
+# that). Without a display, matplotlib picks Agg by itself in this process anyway.
+os.environ.pop("MPLBACKEND", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 
