@@ -201,11 +201,20 @@ def gather_index(tables: list[BlockTable], lengths: list[int],
     return idx
 
 
-def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """K or V from one layer's pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D)."""
+def gather_kv(pool: torch.Tensor, index: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """K or V from one layer's pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D).
+
+    ``out`` (rows, K, D) with rows >= B * N is a buffer to gather into. Reusing one matters on a
+    CPU: a fresh buffer of tens of MB at every layer costs more in page faults than the copy.
+    """
     B, N = index.shape
-    rows = pool.index_select(0, index.reshape(-1)).view(B, N, *pool.shape[1:])  # (B, N, K, D)
-    return rows.transpose(1, 2)  # (B, K, N, D)
+    flat = index.reshape(-1)
+    if out is None:
+        rows = pool.index_select(0, flat)
+    else:
+        rows = torch.index_select(pool, 0, flat, out=out[: flat.numel()])
+    return rows.view(B, N, *pool.shape[1:]).transpose(1, 2)  # (B, K, N, D)
 
 
 class PagedKVCache:
@@ -225,6 +234,7 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.tables: list[BlockTable] = []
         self._plan = None  # per-forward index tensors, shared by every layer
+        self._gathered: dict[str, torch.Tensor] = {}  # reused gather buffers, grown on demand
         if use_triton is None:  # the fused kernel where it can run, the gather path elsewhere
             from inferlab import paged_triton
             use_triton = paged_triton.available(self.k.device)
@@ -296,6 +306,14 @@ class PagedKVCache:
             plan["context_lens"] = torch.tensor(lengths, dtype=torch.int32, device=self.k.device)
         return plan
 
+    def _buffer(self, name: str, rows: int) -> torch.Tensor:
+        """A (>= rows, K, D) buffer for gathered K or V, kept between layers and steps."""
+        buf = self._gathered.get(name)
+        if buf is None or buf.shape[0] < rows:
+            buf = torch.empty(rows, *self.k.shape[3:], dtype=self.k.dtype, device=self.k.device)
+            self._gathered[name] = buf
+        return buf
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """Write k, v (B, K, T, D) at ``positions`` (B, T); attend q (B, H, T, D) causally."""
@@ -321,7 +339,7 @@ class PagedKVCache:
             from inferlab.paged_triton import paged_decode_attention
             return paged_decode_attention(q, self.k[layer], self.v[layer], plan["block_table"],
                                           plan["context_lens"])
-        k_all = gather_kv(k_pool, plan["gather"])  # (B, K, N, D)
-        v_all = gather_kv(v_pool, plan["gather"])
+        k_all = gather_kv(k_pool, plan["gather"], self._buffer("k", plan["gather"].numel()))
+        v_all = gather_kv(v_pool, plan["gather"], self._buffer("v", plan["gather"].numel()))
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=plan["mask"],
                                               enable_gqa=H != K)

@@ -98,11 +98,13 @@ def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_
 def attention_paths(x: dict) -> dict:
     """The decode-attention implementations to compare, as functions of no arguments."""
     gqa = x["q"].shape[1] != x["k"].shape[1]
+    k_buf, v_buf = torch.empty_like(x["k_pool"]), torch.empty_like(x["v_pool"])  # as the cache reuses its own
     paths = {
         "contiguous": lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"],
                                                              enable_gqa=gqa),
         "gather_then_attend": lambda: F.scaled_dot_product_attention(
-            x["q"], gather_kv(x["k_pool"], x["index"]), gather_kv(x["v_pool"], x["index"]),
+            x["q"], gather_kv(x["k_pool"], x["index"], k_buf),
+            gather_kv(x["v_pool"], x["index"], v_buf),
             attn_mask=x["mask"], enable_gqa=gqa),
     }
     if paged_triton.available(x["q"].device):
