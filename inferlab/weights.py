@@ -44,27 +44,22 @@ def _read_config(path: Path) -> dict:
     return json.loads(config_file.read_text(encoding="utf-8"))
 
 
-def normalise_hf_config(hf: dict) -> dict:
-    """A copy of a ``config.json`` dictionary with RoPE settings where ``ModelConfig`` reads them.
-
-    transformers 5 writes ``rope_parameters: {"rope_theta": ..., "rope_type": ...}`` instead of
-    the top-level ``rope_theta`` (and ``rope_scaling``) of older files; both layouts load.
-    """
-    hf = dict(hf)
+def _rope_scaling(hf: dict) -> dict | None:
+    """The checkpoint's RoPE scaling, in either layout (transformers 5 writes it into
+    ``rope_parameters`` with a ``rope_type`` other than "default"); None when it has none.
+    ``ModelConfig.from_hf_config`` reads ``rope_theta`` from both layouts itself."""
     params = hf.get("rope_parameters") or {}
-    if "rope_theta" not in hf and "rope_theta" in params:
-        hf["rope_theta"] = params["rope_theta"]
-    if not hf.get("rope_scaling") and params.get("rope_type", "default") != "default":
-        hf["rope_scaling"] = params
-    return hf
+    if hf.get("rope_scaling"):
+        return hf["rope_scaling"]
+    return params if params.get("rope_type", "default") != "default" else None
 
 
 def _warn_unsupported(hf: dict) -> None:
     """Say so when the checkpoint uses a feature this small model does not implement."""
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf['hidden_act']!r}: inferlab's MLP is SwiGLU (silu) only")
-    if hf.get("rope_scaling"):
-        warnings.warn(f"this checkpoint uses rope_scaling={hf['rope_scaling']}, which inferlab "
+    if scaling := _rope_scaling(hf):
+        warnings.warn(f"this checkpoint uses rope_scaling={scaling}, which inferlab "
                       "does not implement: its outputs will differ from the reference model's "
                       "(choose a checkpoint without rope_scaling, such as Qwen2.5 or TinyLlama)",
                       stacklevel=3)
@@ -136,7 +131,7 @@ def load_checkpoint(path: str | Path, dtype=None, device: str | torch.device = "
     there, and no unknown one may be: a mismatch raises with the names.
     """
     path = Path(path)
-    hf = normalise_hf_config(_read_config(path))
+    hf = _read_config(path)
     _warn_unsupported(hf)
     config = ModelConfig.from_hf_config(hf, name=path.name)
     state = load_state_dict(path, dtype, device)
