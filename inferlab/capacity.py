@@ -20,6 +20,7 @@ from inferlab import formulas
 from inferlab.device import parse_dtype
 from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model import ModelConfig, model_presets
+from inferlab.widgets import redrawing, widget_or_figure
 
 # Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
 # Fig. 1 leaves about 2 GB of an A100-40GB for them beside 26 GB of weights and 12 GB of cache.
@@ -123,44 +124,28 @@ def capacity_widget():
     should run everywhere calls ``show_capacity()`` instead.
     """
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
 
     names = [n for n in model_presets() if n not in ("tiny", "small", "medium")]
-    model = widgets.Dropdown(options=names, value="llama-2-13b", description="model")
-    device = widgets.Dropdown(options=gpu_names(), value="A100 40GB SXM", description="device")
-    context = widgets.IntSlider(value=2048, min=256, max=32768, step=256,
-                                description="context", continuous_update=False)
-    kv_dtype = widgets.Dropdown(options=["bfloat16", "float32"], value="bfloat16",
-                                description="KV dtype")
-    reserve = widgets.FloatSlider(value=DEFAULT_ACTIVATION_RESERVE / 1e9, min=0, max=20, step=0.5,
-                                  description="reserve GB", continuous_update=False)
-    out = widgets.Output()
+    controls = {
+        "model": widgets.Dropdown(options=names, value="llama-2-13b", description="model"),
+        "device": widgets.Dropdown(options=gpu_names(), value="A100 40GB SXM",
+                                   description="device"),
+        "context": widgets.IntSlider(value=2048, min=256, max=32768, step=256,
+                                     description="context", continuous_update=False),
+        "kv_dtype": widgets.Dropdown(options=["bfloat16", "float32"], value="bfloat16",
+                                     description="KV dtype"),
+        "reserve_gb": widgets.FloatSlider(value=DEFAULT_ACTIVATION_RESERVE / 1e9, min=0, max=20,
+                                          step=0.5, description="reserve GB",
+                                          continuous_update=False),
+    }
 
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            try:
-                result = capacity(model.value, device.value, context.value, kv_dtype.value,
-                                  activation_reserve=reserve.value * 1e9)
-            except ValueError as error:
-                print(error)
-                return
-            print(result)
-            plot_capacity([model.value], device.value, kv_dtype=kv_dtype.value,
-                          activation_reserve=reserve.value * 1e9)
-            plt.show()
+    def draw(model, device, context, kv_dtype, reserve_gb):
+        print(capacity(model, device, context, kv_dtype, activation_reserve=reserve_gb * 1e9))
+        plot_capacity([model], device, kv_dtype=kv_dtype, activation_reserve=reserve_gb * 1e9)
 
-    for w in (model, device, context, kv_dtype, reserve):
-        w.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([model, device]), widgets.HBox([context, kv_dtype]),
-                         reserve, out])
+    return redrawing(controls, [["model", "device"], ["context", "kv_dtype"], ["reserve_gb"]], draw)
 
 
 def show_capacity(**plot_kwargs):
     """The widget when ipywidgets is importable, else the static figure (returns what it made)."""
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return plot_capacity(**plot_kwargs)
-    return capacity_widget()
+    return widget_or_figure(capacity_widget, plot_capacity, **plot_kwargs)

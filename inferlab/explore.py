@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from inferlab import formulas
 from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model import ModelConfig, model_presets
+from inferlab.widgets import redrawing, widget_or_figure
 
 DTYPES = ("bfloat16", "float16")
 BATCHES = tuple(2**i for i in range(13))             # 1 .. 4096
@@ -215,40 +216,26 @@ def roofline_widget():
     the two panels. Raises ImportError when ipywidgets is missing (``pip install ipywidgets``);
     a notebook that should run everywhere calls ``show_roofline()`` instead."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
 
-    device = widgets.Dropdown(options=list(load_hardware()), value="H100 SXM", description="device")
-    model = widgets.Dropdown(options=list(model_presets()), value="llama-3-8b", description="model")
-    batch = widgets.SelectionSlider(options=list(BATCHES), value=1, description="batch",
-                                    continuous_update=False)
-    dtype = widgets.Dropdown(options=list(DTYPES), value="bfloat16", description="dtype")
-    context = widgets.SelectionSlider(options=list(CONTEXTS), value=0, description="context",
-                                      continuous_update=False)
-    out = widgets.Output()
+    controls = {
+        "device": widgets.Dropdown(options=list(load_hardware()), value="H100 SXM",
+                                   description="device"),
+        "model": widgets.Dropdown(options=list(model_presets()), value="llama-3-8b",
+                                  description="model"),
+        "dtype": widgets.Dropdown(options=list(DTYPES), value="bfloat16", description="dtype"),
+        "batch": widgets.SelectionSlider(options=list(BATCHES), value=1, description="batch",
+                                         continuous_update=False),
+        "context": widgets.SelectionSlider(options=list(CONTEXTS), value=0,
+                                           description="context", continuous_update=False),
+    }
 
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            try:
-                point = decode_point(device.value, model.value, batch.value, dtype.value,
-                                     context.value)
-            except ValueError as error:
-                print(error)
-                return
-            print(point)
-            plot_explorer(device.value, model.value, batch.value, dtype.value, context.value)
-            plt.show()
+    def draw(**values):
+        print(decode_point(**values))
+        plot_explorer(**values)
 
-    for w in (device, model, batch, dtype, context):
-        w.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([device, model, dtype]), widgets.HBox([batch, context]), out])
+    return redrawing(controls, [["device", "model", "dtype"], ["batch", "context"]], draw)
 
 
 def show_roofline(**plot_kwargs):
     """The widget when ipywidgets is importable, else the static figure (returns what it made)."""
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return plot_explorer(**plot_kwargs)
-    return roofline_widget()
+    return widget_or_figure(roofline_widget, plot_explorer, **plot_kwargs)
