@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from inferlab.validation import positive
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -36,10 +38,8 @@ class Profile:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"Profile.device must be 'cpu' or 'cuda', not {self.device!r}")
-        for field in ("probe_bytes", "matmul_n", "sweep_dim", "max_batch", "max_context",
-                      "decode_tokens"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"Profile.{field} must be positive, got {getattr(self, field)}")
+        positive("Profile.", **{f: getattr(self, f) for f in (
+            "probe_bytes", "matmul_n", "sweep_dim", "max_batch", "max_context", "decode_tokens")})
 
     def scaled(self, **changes) -> "Profile":
         """A copy with some fields changed, e.g. ``profile.scaled(max_batch=64)``."""

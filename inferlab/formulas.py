@@ -16,15 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from inferlab.device import bytes_per_element
+from inferlab.validation import positive
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferlab.model import ModelConfig
-
-
-def _positive(**values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
 
 
 def param_count(config: "ModelConfig", include_embeddings: bool = True) -> int:
@@ -85,13 +80,13 @@ def kv_bytes_per_token(config: "ModelConfig", dtype="bfloat16") -> int:
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     """FLOPs of an (m x k) @ (k x n) product: 2 m n k."""
-    _positive(m=m, n=n, k=k)
+    positive(m=m, n=n, k=k)
     return 2 * m * n * k
 
 
 def matmul_bytes(m: int, n: int, k: int, bytes_per_element: float) -> float:
     """Bytes an (m x k) @ (k x n) product must move at least: read A and B, write C once."""
-    _positive(m=m, n=n, k=k, bytes_per_element=bytes_per_element)
+    positive(m=m, n=n, k=k, bytes_per_element=bytes_per_element)
     return (m * k + k * n + m * n) * bytes_per_element
 
 
@@ -107,13 +102,13 @@ def decode_intensity(batch: int, bytes_per_weight: float = 2.0) -> float:
     (2 FLOPs each), so the intensity is 2 x batch / bytes_per_weight: about ``batch`` in 16-bit.
     Activations are ignored; they are tiny next to the weights while batch << d_model.
     """
-    _positive(batch=batch, bytes_per_weight=bytes_per_weight)
+    positive(batch=batch, bytes_per_weight=bytes_per_weight)
     return 2 * batch / bytes_per_weight
 
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
     """The intensity (FLOP/byte) where a roofline's slope meets its flat roof: peak / bandwidth."""
-    _positive(peak_flops=peak_flops, bandwidth=bandwidth)
+    positive(peak_flops=peak_flops, bandwidth=bandwidth)
     return peak_flops / bandwidth
 
 
@@ -127,7 +122,7 @@ def critical_batch_size(peak_flops: float, bandwidth: float, bytes_per_weight: f
 
 def decode_time_floor(bytes_per_token: float, bandwidth: float) -> float:
     """Least time to produce one token when each token must read ``bytes_per_token``: bytes / bandwidth."""
-    _positive(bytes_per_token=bytes_per_token, bandwidth=bandwidth)
+    positive(bytes_per_token=bytes_per_token, bandwidth=bandwidth)
     return bytes_per_token / bandwidth
 
 
@@ -136,7 +131,7 @@ def bandwidth_utilisation(bytes_per_token: float, seconds_per_token: float, band
 
     gpt-fast calls this model-bandwidth utilisation; it equals floor time / measured time.
     """
-    _positive(bytes_per_token=bytes_per_token, seconds_per_token=seconds_per_token,
+    positive(bytes_per_token=bytes_per_token, seconds_per_token=seconds_per_token,
               bandwidth=bandwidth)
     return bytes_per_token / seconds_per_token / bandwidth
 
@@ -168,7 +163,7 @@ def kv_memory_budget(config: "ModelConfig", device_memory: float, weight_dtype="
     reproduce a paper's rounded figure, or for weights stored in fewer bits). Negative when the
     weights alone do not fit; callers decide what that means.
     """
-    _positive(device_memory=device_memory)
+    positive(device_memory=device_memory)
     if activation_reserve < 0:
         raise ValueError(f"activation_reserve must be >= 0 bytes, got {activation_reserve!r}")
     w = weight_bytes(config, weight_dtype) if weights is None else weights
@@ -185,7 +180,7 @@ def max_concurrent_requests(config: "ModelConfig", device_memory: float, context
     it. This is the count when every request reserves its whole context up front, as systems
     before PagedAttention did.
     """
-    _positive(context=context)
+    positive(context=context)
     budget = kv_memory_budget(config, device_memory, dtype if weight_dtype is None else weight_dtype,
                               activation_reserve, weights)
     return max(0, kv_token_slots(config, max(budget, 0.0), dtype) // context)
@@ -200,7 +195,7 @@ def attention_decode_intensity(bytes_per_element: float = 2.0, group_size: int =
     FLOP/byte for MHA in 16-bit. Batching adds requests but each has its own cache, so unlike
     the weight matmuls the intensity does not grow with the batch.
     """
-    _positive(bytes_per_element=bytes_per_element, group_size=group_size)
+    positive(bytes_per_element=bytes_per_element, group_size=group_size)
     return 2 * group_size / bytes_per_element
 
 
@@ -212,7 +207,7 @@ def recompute_flops(config: "ModelConfig", context: int) -> int:
     (query, earlier-or-same key) pair: context x (context + 1) / 2 pairs per layer. Compare
     ``flops_per_token(config, context - 1)``, the cost with a cache: about ``context`` times less.
     """
-    _positive(context=context)
+    positive(context=context)
     matmul_params = param_count(config, include_embeddings=False) + config.vocab_size * config.d_model
     pairs = context * (context + 1) // 2
     return 2 * matmul_params * context + 4 * config.n_layers * config.n_heads * config.head_dim * pairs

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from inferlab.kv_cache import CacheFullError, KVCache
+from inferlab.validation import positive_ints
 
 
 def _as_batch(prompt) -> torch.Tensor:
@@ -30,8 +31,7 @@ def _as_batch(prompt) -> torch.Tensor:
 
 
 def _check_lengths(model, tokens: torch.Tensor, max_new_tokens: int) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    positive_ints(max_new_tokens=max_new_tokens)
     needed = tokens.shape[1] + max_new_tokens - 1  # positions the model must see
     if needed > model.config.max_seq_len:
         raise ValueError(f"a {tokens.shape[1]}-token prompt plus {max_new_tokens} new tokens "

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferlab.validation import positive_ints
+
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,10 +46,8 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
-                                max_len=max_len, head_dim=head_dim).items():
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"KVCache {name} must be a positive integer, got {value!r}")
+        positive_ints("KVCache ", n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
+                      max_len=max_len, head_dim=head_dim)
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.data import read_table
+from inferlab.validation import positive_ints
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,8 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
-                  "max_seq_len"):
-            value = getattr(self, f)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelConfig.{f} must be a positive integer, got {value!r}")
+        positive_ints("ModelConfig.", **{f: getattr(self, f) for f in (
+            "n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")})
         if self.head_dim == 0:
             if self.d_model % self.n_heads:
                 raise ValueError(f"d_model={self.d_model} is not divisible by n_heads="

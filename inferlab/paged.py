@@ -36,8 +36,11 @@ the model only read the tables.
 from __future__ import annotations
 
 from collections import deque
+
 import torch
 import torch.nn.functional as F
+
+from inferlab.validation import positive_ints
 
 
 class OutOfBlocksError(RuntimeError):
@@ -57,8 +60,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        positive_ints(num_blocks=num_blocks)
         self._refcounts = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))  # FIFO: reuse the longest-freed block
         # Copy-on-write copies (source, destination) not yet done; PagedKVCache.bind runs them.
@@ -125,8 +127,7 @@ class BlockTable:
     """One sequence's block table: physical block ids in logical order, and its token count."""
 
     def __init__(self, allocator: BlockAllocator, block_size: int = 16):
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        positive_ints(block_size=block_size)
         self.allocator = allocator
         self.block_size = block_size
         self.blocks: list[int] = []
@@ -223,10 +224,8 @@ class PagedKVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = 16, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", use_triton: bool | None = None):
-        for name, value in dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                                num_blocks=num_blocks, block_size=block_size).items():
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"PagedKVCache {name} must be a positive integer, got {value!r}")
+        positive_ints("PagedKVCache ", n_layers=n_layers, n_kv_heads=n_kv_heads,
+                      head_dim=head_dim, num_blocks=num_blocks, block_size=block_size)
         shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from inferlab.paged import BlockAllocator, BlockTable
+from inferlab.validation import positive, positive_ints
 
 
 class SchedulingError(RuntimeError):
@@ -131,10 +132,9 @@ class Scheduler:
     def __init__(self, allocator: BlockAllocator, block_size: int = 16, max_batch: int = 32,
                  policy: Callable[["Scheduler", float], Step] | None = None,
                  max_prefill_tokens: int | None = None):
-        if not isinstance(max_batch, int) or max_batch <= 0:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
-        if max_prefill_tokens is not None and max_prefill_tokens <= 0:
-            raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        positive_ints(max_batch=max_batch)
+        if max_prefill_tokens is not None:
+            positive(max_prefill_tokens=max_prefill_tokens)
         self.allocator = allocator
         self.block_size = block_size
         self.max_batch = max_batch
