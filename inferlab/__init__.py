@@ -21,6 +21,8 @@ Small modules, one concern each (read them in this order):
   preemption by recompute, a static baseline), ``serve(model, requests)``, TTFT/TPOT/percentiles.
 - ``simulator`` and ``serving_plots``: the serving loop with modelled step times, and its figures.
 - ``benchmarks``: runnable measurements (``python -m inferlab.benchmarks.kv_cache``, ...).
+- ``validation``: the checks on sizes every constructor makes; ``widgets``: the calculators'
+  shared controls (ipywidgets when present, the static figure otherwise).
 - ``explore``: the roofline explorer (where decode lands for a device, model, batch, dtype).
 - ``measurements``: results measured on real devices (``data/measurements``) with provenance.
 - ``checks``: the feedback cells of each lab; ``grade``: grades submitted lab notebooks.

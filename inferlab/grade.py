@@ -54,9 +54,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from inferlab.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
+
 # What an exercise can come to.
 PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN = "passed", "failed", "not attempted", "not run"
-_TAG_STATUS = {"PASS": PASSED, "FAIL": FAILED, "TODO": NOT_ATTEMPTED}
+_TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED}
 _WORST_FIRST = {FAILED: 0, NOT_ATTEMPTED: 1, PASSED: 2}  # an exercise reported twice keeps its worst
 
 # What a notebook's run can come to. Only COMPLETED means the notebook ran to its last cell.
@@ -66,7 +68,7 @@ NOT_FOUND, UNREADABLE, GRADER_ERROR = "not found", "unreadable", "grader error"
 EXIT_ALL_PASSED, EXIT_NOT_ALL_PASSED, EXIT_USAGE, EXIT_NOT_GRADED = 0, 1, 2, 3
 
 _LABEL = r"[0-9A-Za-z_.]*[0-9A-Za-z_]"
-_TAG = re.compile(rf"\[(PASS|FAIL|TODO)\] Exercise\s+({_LABEL})")
+_TAG = re.compile("(" + "|".join(map(re.escape, _TAG_STATUS)) + rf") Exercise\s+({_LABEL})")
 _IMPORTS = (re.compile(r"^\s*from\s+inferlab\.checks\s+import\s+(lab\w+)(?:\s+as\s+(\w+))?", re.M),
             re.compile(r"^\s*import\s+inferlab\.checks\.(lab\w+)(?:\s+as\s+(\w+))?", re.M))
 _WORKER_GRACE_S = 90  # kernel start-up and shutdown on top of a notebook's own budget

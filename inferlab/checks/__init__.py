@@ -11,15 +11,17 @@ solution) and ends in one of three ways:
   ``[TODO]`` and returns inferlab's reference implementation, so the rest of the lab runs. That is
   how a learner can skip ahead and how CI executes the unsolved labs.
 
-The three tags are fixed so that ``inferlab.grade`` can read a notebook's outputs.
+The three tags are fixed so that ``inferlab.grade`` can read a notebook's outputs; it imports
+them from here, which is why this module imports torch only inside the functions that need it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 F = TypeVar("F", bound=Callable)
 
@@ -52,6 +54,8 @@ def expect_close(what: str, got, expected: float, rel: float = 1e-6, abs_tol: fl
 
 def expect_equal(what: str, got, expected, hint: str = "") -> None:
     """Fail unless ``got == expected`` (tensors compare element by element)."""
+    import torch
+
     if isinstance(got, torch.Tensor) or isinstance(expected, torch.Tensor):
         same = isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor) and \
             got.shape == expected.shape and bool(torch.equal(got.to(expected.device), expected))
@@ -65,6 +69,8 @@ def expect_equal(what: str, got, expected, hint: str = "") -> None:
 def expect_tensor_close(what: str, got, expected: torch.Tensor, atol: float = 1e-5,
                         rtol: float = 1e-5, hint: str = "") -> None:
     """Fail unless ``got`` is a tensor of ``expected``'s shape whose values are all close to it."""
+    import torch
+
     if not isinstance(got, torch.Tensor):
         raise CheckFailed(f"{what} returned a {type(got).__name__}, expected a tensor of shape "
                           f"{tuple(expected.shape)}.{_hint(hint)}")
@@ -82,6 +88,8 @@ def expect_tensor_close(what: str, got, expected: torch.Tensor, atol: float = 1e
 
 
 def _short(value) -> str:
+    import torch
+
     if isinstance(value, torch.Tensor):
         if value.numel() <= 12:
             return f"tensor({value.tolist()})"
