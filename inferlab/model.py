@@ -277,7 +277,9 @@ class Llama(nn.Module):
         T = tokens.shape[1]
         if positions is None:
             positions = torch.arange(T, device=tokens.device)
-        if tokens.device.type == "cpu":  # on a GPU these reads would stall every step
+        # These checks read values on the host: on a GPU that would stall every step, and
+        # inside torch.compile it would break the graph, so they run in eager CPU code only.
+        if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
             if int(positions.max()) >= self.config.max_seq_len:
                 raise ValueError(f"position {int(positions.max())} is beyond the model's context "
                                  f"of {self.config.max_seq_len} tokens")
