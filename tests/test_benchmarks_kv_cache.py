@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from inferlab import formulas
+from inferlab.analysis import formulas
 from inferlab.benchmarks import decode_gpu, kv_cache
-from inferlab.model import ModelConfig, build_model
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
 
 
 def test_kv_cache_benchmark_prints_every_context_and_writes_json(tmp_path, capsys):
@@ -47,7 +48,7 @@ def test_decode_gpu_run_works_eagerly_on_any_device():
 
 
 def test_decode_step_matches_the_model_forward():
-    from inferlab.kv_cache import StaticKVCache
+    from inferlab.model.kv_cache import StaticKVCache
 
     model = build_model("tiny", seed=1)
     tokens = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(0))
@@ -62,7 +63,7 @@ def test_decode_step_matches_the_model_forward():
 
 def test_decode_gpu_main_records_a_readable_run_dry_run_on_cpu(monkeypatch, tmp_path, capsys):
     """The GPU path end to end with the device calls pointed at the CPU and a tiny model."""
-    from inferlab import hardware
+    from inferlab.analysis import hardware
     from inferlab.measurements import results_of
 
     real_run = decode_gpu.run

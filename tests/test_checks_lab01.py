@@ -3,8 +3,8 @@ fails a planted bug with a message that names the call, the expected value and a
 
 import pytest
 
-from inferlab import formulas
-from inferlab.checks import CheckFailed, lab01
+from inferlab.analysis import formulas
+from inferlab.course.checks import CheckFailed, lab01
 
 
 def stub(*args):

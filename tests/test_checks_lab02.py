@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferlab import formulas
-from inferlab.checks import CheckFailed
-from inferlab.checks import lab02 as check
-from inferlab.gqa import mean_pool_heads
-from inferlab.kv_cache import KVCache
+from inferlab.analysis import formulas
+from inferlab.course.checks import CheckFailed
+from inferlab.course.checks import lab02 as check
+from inferlab.model.gqa import mean_pool_heads
+from inferlab.model.kv_cache import KVCache
 
 
 class Cache:

@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferlab import memory_sim, prefix_cache
-from inferlab.checks import CheckFailed
-from inferlab.checks import lab03 as check
-from inferlab.paged import (BlockAllocator, BlockStateError, BlockTable, OutOfBlocksError,
-                            gather_index, gather_kv)
+from inferlab.sim import memory_sim
+from inferlab.serving import prefix_cache
+from inferlab.course.checks import CheckFailed
+from inferlab.course.checks import lab03 as check
+from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
+    OutOfBlocksError)
+from inferlab.serving.paged_cache import gather_index, gather_kv
 
 
 def _stub(*args, **kwargs):

@@ -5,9 +5,11 @@ import math
 
 import pytest
 
-from inferlab import metrics, simulator
-from inferlab.checks import CheckFailed, lab04
-from inferlab.scheduler import Status, Step, continuous_policy, make_static_policy, static_policy
+from inferlab.serving import metrics
+from inferlab.sim import simulator
+from inferlab.course.checks import CheckFailed, lab04
+from inferlab.serving.scheduler import (Status, Step, continuous_policy, make_static_policy,
+    static_policy)
 
 
 def stub(*args):

@@ -29,7 +29,7 @@ import nbformat
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from inferlab import labgen
+from inferlab.course import labgen
 
 # Versions Colab has preinstalled over 2024-2025 (torch 2.5-2.9, NumPy 1.26 and 2.0,
 # matplotlib 3.8-3.10, ...): the package's ranges must admit every one, so that pip keeps them.
@@ -116,8 +116,8 @@ def test_setup_cell_installs_inferlab_in_a_fresh_runtime(root, tmp_path):
 import json, sys
 import inferlab
 from inferlab import data_path
-from inferlab.hardware import load_hardware
-from inferlab.model import ModelConfig
+from inferlab.analysis.hardware import load_hardware
+from inferlab.model.config import ModelConfig
 cfg = ModelConfig.from_name("llama-3-8b")
 print(json.dumps({"package": inferlab.__file__, "table": str(data_path("hardware.csv")),
                   "devices": len(load_hardware()), "layers": cfg.n_layers}))

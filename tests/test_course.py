@@ -1,34 +1,34 @@
-"""inferlab.course reads the course's structure from its files, for the pages that list it."""
+"""inferlab.course.catalog reads the course's structure from its files, for the pages that list it."""
 
 import textwrap
 
-from inferlab import course, grade
+from inferlab.course import catalog, grade
 
 
 def test_toc_parts_and_files(root):
-    parts = course.toc_parts(root)
+    parts = catalog.toc_parts(root)
     assert parts[""] == ["book/intro"]
     for caption in ("Chapters", "Labs", "Solutions", "Reference"):
         assert parts[caption], caption
-    files = course.toc_files(root)
+    files = catalog.toc_files(root)
     assert files[0] == "book/intro" and len(files) == len(set(files))
     assert "book/instructor_guide" in files and "book/status" in files
 
 
 def test_every_lab_has_a_solution_a_check_module_and_hints(root):
-    labs = course.labs(root)
+    labs = catalog.labs(root)
     assert labs and [lab.number for lab in labs] == sorted(lab.number for lab in labs)
     for lab in labs:
         assert lab.solution.is_file() and lab.check_module, lab
         assert lab.title and not lab.title.startswith("Lab")
-        checks = course.check_summaries(lab.check_module, root)
+        checks = catalog.check_summaries(lab.check_module, root)
         # The grader and the guide agree on which exercises a lab has.
         assert [c.exercise for c in checks] == list(grade.exercises_of(lab.check_module).values())
         assert any(c.hints for c in checks), lab.check_module
 
 
 def test_hints_are_found_in_keywords_messages_dicts_and_helpers(tmp_path):
-    checks = tmp_path / "inferlab" / "checks"
+    checks = tmp_path / "inferlab" / "course" / "checks"
     checks.mkdir(parents=True)
     (checks / "lab09.py").write_text(textwrap.dedent('''
         def _diagnose(x):
@@ -50,7 +50,7 @@ def test_hints_are_found_in_keywords_messages_dicts_and_helpers(tmp_path):
         def second(fn):
             """No exercise label: not a check."""
     '''))
-    [summary] = course.check_summaries("lab09", tmp_path)
+    [summary] = catalog.check_summaries("lab09", tmp_path)
     assert summary.exercise == "9.1" and summary.function == "first"
     assert summary.tests == "``first(x)`` returns x."
     assert set(summary.hints) == {"think about ...", "from a dict", "look at the sign."}

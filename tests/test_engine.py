@@ -6,9 +6,11 @@ from functools import lru_cache
 import pytest
 import torch
 
-from inferlab.engine import Engine, InvalidRequestError, Request, serve, summarize_results, validate_request
-from inferlab.generate import generate
-from inferlab.model import ModelConfig, build_model
+from inferlab.serving.engine import (Engine, InvalidRequestError, Request, serve,
+    summarize_results, validate_request)
+from inferlab.model.generate import generate
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
 
 
 @lru_cache(maxsize=None)

@@ -9,9 +9,9 @@ matplotlib.use("Agg")
 
 import pytest
 
-from inferlab import explore, formulas
-from inferlab.hardware import get_device_spec
-from inferlab.model import ModelConfig
+from inferlab.analysis import explore, formulas
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.model.config import ModelConfig
 
 
 def test_batch_one_llama2_7b_on_a100_matches_the_published_ceiling():

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from inferlab import formulas as f
-from inferlab.hardware import get_device_spec
-from inferlab.model import ModelConfig
+from inferlab.analysis import formulas as f
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.model.config import ModelConfig
 
 KIB = 1024
 

@@ -1,4 +1,4 @@
-"""The grader (``python -m inferlab.grade``) on planted submissions made from Lab 1.
+"""The grader (``python -m inferlab.course.grade``) on planted submissions made from Lab 1.
 
 The test writes the submissions itself, from ``labs/01_roofline.ipynb``: all correct (each
 exercise cell replaced by the solution's), one wrong exercise, unattempted (the lab as it is), a
@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from inferlab import grade
+from inferlab.course import grade
 
 LAB = "01_roofline.ipynb"
 WRONG = "Exercise 1.2"  # planted bug: leave the output matrix out of the bytes moved
@@ -77,7 +77,7 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
 
 def _grade_cli(paths, *options, cwd) -> tuple[int, dict, float]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "inferlab.grade", *map(str, paths), "--json",
+    proc = subprocess.run([sys.executable, "-m", "inferlab.course.grade", *map(str, paths), "--json",
                            "--quiet", *options], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, "INFERLAB_PROFILE": "cpu"}, timeout=900)
     assert proc.stdout, proc.stderr
@@ -192,7 +192,7 @@ def test_text_and_csv_reports(full_runs):
 
 def test_tags_are_read_and_the_worst_report_wins():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("from inferlab.checks import lab07 as chk\nchk.f(f)")]
+    nb.cells = [nbformat.v4.new_code_cell("from inferlab.course.checks import lab07 as chk\nchk.f(f)")]
     nb.cells[0].outputs = [
         nbformat.v4.new_output("stream", text="[PASS] Exercise 7.1: f is correct.\n[TODO] Exercise 7.2: g\n"),
         nbformat.v4.new_output("error", ename="CheckFailed", evalue="[FAIL] Exercise 7.1 (f): bad\n  Hint: h",
@@ -200,8 +200,8 @@ def test_tags_are_read_and_the_worst_report_wins():
     ]
     assert grade.read_tags(nb) == {"7.1": ("failed", "[FAIL] Exercise 7.1 (f): bad\n  Hint: h"),
                                    "7.2": ("not attempted", "[TODO] Exercise 7.2: g")}
-    assert grade.find_check_module(["import inferlab.checks.lab03"]) == ("lab03", "inferlab.checks.lab03")
-    assert grade.find_check_module(["from inferlab.checks import lab07 as chk"]) == ("lab07", "chk")
+    assert grade.find_check_module(["import inferlab.course.checks.lab03"]) == ("lab03", "inferlab.course.checks.lab03")
+    assert grade.find_check_module(["from inferlab.course.checks import lab07 as chk"]) == ("lab07", "chk")
 
 
 @pytest.mark.parametrize("content, run, detail", [

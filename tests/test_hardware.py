@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from inferlab import device as dev
-from inferlab.hardware import (detect_device, get_device_spec, load_hardware, match_device_name,
-                               measure_bandwidth, measure_peak_flops)
+from inferlab.analysis.hardware import (detect_device, get_device_spec, load_hardware,
+    match_device_name, measure_bandwidth, measure_peak_flops)
 from inferlab.timing import time_fn
 
 

@@ -5,12 +5,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab import formulas
-from inferlab.capacity import DEFAULT_ACTIVATION_RESERVE, capacity, plot_capacity, show_capacity
-from inferlab.generate import decode_one_token, generate, generate_without_cache, prefill
-from inferlab.gqa import convert_kv_heads, kv_head_options, mean_pool_heads
-from inferlab.kv_cache import CacheFullError, KVCache, StaticKVCache
-from inferlab.model import ModelConfig, build_model
+from inferlab.analysis import formulas
+from inferlab.analysis.capacity import (DEFAULT_ACTIVATION_RESERVE, capacity, plot_capacity,
+    show_capacity)
+from inferlab.model.generate import decode_one_token, generate, generate_without_cache, prefill
+from inferlab.model.gqa import convert_kv_heads, kv_head_options, mean_pool_heads
+from inferlab.model.kv_cache import CacheFullError, KVCache, StaticKVCache
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
 
 KIB = 2**10
 _MODEL = build_model("tiny", seed=0)  # shared by the property test (hypothesis calls it often)
@@ -222,7 +224,7 @@ def test_capacity_widget_builds_when_ipywidgets_is_there():
     pytest.importorskip("ipywidgets")
     import matplotlib
     matplotlib.use("Agg")
-    from inferlab.capacity import capacity_widget
+    from inferlab.analysis.capacity import capacity_widget
 
     box = capacity_widget()
     assert len(box.children) == 4
@@ -285,7 +287,7 @@ def test_conversion_keeps_qwen2_biases_and_tied_embeddings():
 
 @pytest.mark.parametrize("heads,kv_heads,T", [(8, 2, 1), (8, 1, 1), (8, 8, 1), (8, 2, 5)])
 def test_grouped_attention_equals_sdpa_with_enable_gqa(heads, kv_heads, T):
-    from inferlab.kv_cache import grouped_attention
+    from inferlab.model.kv_cache import grouped_attention
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, heads, T, 16, generator=gen)

@@ -6,12 +6,12 @@ import re
 import nbformat
 import pytest
 
-from inferlab import labgen
+from inferlab.course import labgen
 
 
 def test_labs_and_solutions_are_in_sync(root):
     changed = labgen.sync(root, check=True)
-    assert not changed, ("out of date; run `python -m inferlab.labgen` and commit: "
+    assert not changed, ("out of date; run `python -m inferlab.course.labgen` and commit: "
                          + ", ".join(changed))
 
 

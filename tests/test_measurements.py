@@ -40,7 +40,7 @@ def test_records_show_their_provenance_and_results(tmp_path):
 def test_write_record_adds_provenance(tmp_path):
     import json
 
-    from inferlab.hardware import detect_device
+    from inferlab.analysis.hardware import detect_device
     from inferlab.measurements import default_path, write_record
 
     info = detect_device("cpu")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab import memory_sim, traces
-from inferlab.paged import BlockAllocator, OutOfBlocksError
-from inferlab.prefix_cache import PrefixCache, block_hashes, prefix_sharing_experiment
+from inferlab.sim import memory_sim, traces
+from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
+from inferlab.serving.prefix_cache import PrefixCache, block_hashes, prefix_sharing_experiment
 
 
 def test_slots_held_per_policy():

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab import metrics
-from inferlab.metrics import SLO, Percentiles, RequestTiming, summarize
+from inferlab.serving import metrics
+from inferlab.serving.metrics import SLO, Percentiles, RequestTiming, summarize
 
 
 def test_three_latencies_of_one_request():

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from inferlab.generate import generate, generate_without_cache
-from inferlab.kv_cache import KVCache
-from inferlab.model import ModelConfig, build_model, model_presets
-from inferlab.roofline import Roof, attainable_flops
+from inferlab.model.generate import generate, generate_without_cache
+from inferlab.model.kv_cache import KVCache
+from inferlab.model.config import ModelConfig, model_presets
+from inferlab.model.llama import build_model
+from inferlab.analysis.roofline import Roof, attainable_flops
 
 
 @pytest.fixture(scope="module")

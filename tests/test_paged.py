@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferlab import paged_triton
-from inferlab.kv_cache import KVCache
-from inferlab.model import build_model
-from inferlab.paged import (BlockAllocator, BlockStateError, BlockTable, OutOfBlocksError,
-                            PagedKVCache, gather_index, gather_kv)
+from inferlab.serving import paged_triton
+from inferlab.model.kv_cache import KVCache
+from inferlab.model.llama import build_model
+from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
+    OutOfBlocksError)
+from inferlab.serving.paged_cache import PagedKVCache, gather_index, gather_kv
 
 # ---------------------------------------------------------------------------- the allocator
 

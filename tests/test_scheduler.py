@@ -12,13 +12,14 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine import Engine, Request, drive
-from inferlab.generate import generate
-from inferlab.model import ModelConfig, build_model
-from inferlab.paged import BlockAllocator, OutOfBlocksError
-from inferlab.scheduler import (Scheduler, SchedulingError, Sequence, Status, Step,
-                                continuous_policy, make_static_policy, static_policy)
-from inferlab.simulator import VirtualClock
+from inferlab.serving.engine import Engine, Request, drive
+from inferlab.model.generate import generate
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
+from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
+from inferlab.serving.scheduler import (Scheduler, SchedulingError, Sequence, Status, Step,
+    continuous_policy, make_static_policy, static_policy)
+from inferlab.sim.simulator import VirtualClock
 
 
 # -- a model small enough for many examples; float64 so that batching never flips an argmax --

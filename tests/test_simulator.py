@@ -5,13 +5,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from inferlab import formulas
-from inferlab.engine import Engine, Request
-from inferlab.hardware import get_device_spec
-from inferlab.model import ModelConfig, build_model
-from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device, simulate,
-                                static_slot_utilisation, trace_requests)
-from inferlab.traces import TraceRow
+from inferlab.analysis import formulas
+from inferlab.serving.engine import Engine, Request
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
+from inferlab.sim.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device, simulate,
+    static_slot_utilisation, trace_requests)
+from inferlab.sim.traces import TraceRow
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import nbformat
 import pytest
 import yaml
 
-from inferlab import course
+from inferlab.course import catalog
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
@@ -114,7 +114,7 @@ def _site_is_fresh(root: Path, html: Path) -> bool:
     if not index.is_file():
         return False
     sources = [root / "_toc.yml", root / "_config.yml"]
-    sources += [_source(root, page) for page in course.toc_files(root)]
+    sources += [_source(root, page) for page in catalog.toc_files(root)]
     return index.stat().st_mtime >= max(p.stat().st_mtime for p in sources)
 
 
@@ -239,7 +239,7 @@ def pages(root, site, server) -> dict[str, dict]:
     if executable is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does "
                     "this when it is missing)")
-    files = course.toc_files(root)
+    files = catalog.toc_files(root)
     browser = Browser(executable)
     try:
         seen = browser.inspect([server + f + ".html" for f in files], allowed=server)
@@ -249,11 +249,11 @@ def pages(root, site, server) -> dict[str, dict]:
 
 
 def _part(root, caption: str) -> list[str]:
-    return course.toc_parts(root).get(caption, [])
+    return catalog.toc_parts(root).get(caption, [])
 
 
 def test_every_page_loads_with_its_title(root, pages):
-    for page in course.toc_files(root):
+    for page in catalog.toc_files(root):
         seen = pages[page]
         assert "error" not in seen, f"{page}: {seen}"
         title = _expected_title(_source(root, page))

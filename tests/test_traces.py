@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferlab import traces
+from inferlab.sim import traces
 from inferlab.data import data_path
 
 

@@ -6,10 +6,11 @@ import sys
 import pytest
 import torch
 
-from inferlab.generate import generate, generate_text, generate_without_cache
-from inferlab.model import ModelConfig, build_model
-from inferlab.weights import (INDEX_NAME, SINGLE_NAME, Tokenizer, load_checkpoint,
-                              load_state_dict, load_tokenizer, save_checkpoint)
+from inferlab.model.generate import generate, generate_text, generate_without_cache
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
+from inferlab.model.weights import (INDEX_NAME, SINGLE_NAME, Tokenizer, load_checkpoint,
+    load_state_dict, load_tokenizer, save_checkpoint)
 
 LLAMA = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
 # A Qwen2-shaped toy: Q/K/V biases and an output projection tied to the embedding table.

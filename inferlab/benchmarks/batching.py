@@ -5,7 +5,7 @@
     python -m inferlab.benchmarks.batching --threads 1        # on a CPU shared with others
     python -m inferlab.benchmarks.batching --profile large-gpu --out data/measurements/x.json
 
-One trace (the ShareGPT-like lengths of ``inferlab.traces``, scaled to the device, with Poisson
+One trace (the ShareGPT-like lengths of ``inferlab.sim.traces``, scaled to the device, with Poisson
 arrivals) is served twice by the same engine and model: once with static batching, once with
 continuous batching. The offered load is the same, high enough to keep both busy, so the
 throughput ratio measures how much of the hardware each policy uses. Then the discrete-event
@@ -28,14 +28,15 @@ from pathlib import Path
 
 import torch
 
-from inferlab import traces
+from inferlab.sim import traces
 from inferlab.device import check_dtype, choose_profile, get_profile
-from inferlab.engine import Engine, summarize_results
-from inferlab.hardware import detect_device, get_device_spec
-from inferlab.metrics import Summary
-from inferlab.model import ModelConfig, build_model
-from inferlab.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device,
-                                measure_costs_for, simulate, trace_requests)
+from inferlab.serving.engine import Engine, summarize_results
+from inferlab.analysis.hardware import detect_device, get_device_spec
+from inferlab.serving.metrics import Summary
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
+from inferlab.sim.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device,
+    measure_costs_for, simulate, trace_requests)
 from inferlab.measurements import write_record
 
 

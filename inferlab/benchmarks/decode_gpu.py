@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from inferlab import formulas
+from inferlab.analysis import formulas
 from inferlab.device import check_dtype
-from inferlab.hardware import detect_device, measure_bandwidth
-from inferlab.kv_cache import StaticKVCache
+from inferlab.analysis.hardware import detect_device, measure_bandwidth
+from inferlab.model.kv_cache import StaticKVCache
 from inferlab.measurements import write_record
-from inferlab.model import build_model
+from inferlab.model.llama import build_model
 from inferlab.timing import time_fn
 
 

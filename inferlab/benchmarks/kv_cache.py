@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from inferlab import formulas
+from inferlab.analysis import formulas
 from inferlab.device import check_dtype, choose_profile
-from inferlab.generate import decode_one_token, prefill
-from inferlab.hardware import detect_device
-from inferlab.kv_cache import KVCache
-from inferlab.model import build_model
+from inferlab.model.generate import decode_one_token, prefill
+from inferlab.analysis.hardware import detect_device
+from inferlab.model.kv_cache import KVCache
+from inferlab.model.llama import build_model
 from inferlab.timing import time_fn
 from inferlab.measurements import write_record
 

@@ -3,7 +3,7 @@
     python -m inferlab.benchmarks.lab_times                       # solutions/*.ipynb
     python -m inferlab.benchmarks.lab_times solutions/02_kv_cache.ipynb --out times.json
 
-Each notebook goes through the grader (``inferlab.grade``), so it runs exactly as a submission
+Each notebook goes through the grader (``inferlab.course.grade``), so it runs exactly as a submission
 would: a fresh kernel, a fresh working directory, the device's own profile unless
 ``INFERLAB_PROFILE`` says otherwise. For each one the record keeps the wall-clock seconds (kernel
 start-up included) and the CPU seconds the notebook's worker and kernel used, and around the
@@ -35,7 +35,7 @@ def _children_cpu_s() -> float:
 def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> list[dict]:
     """One row per notebook: wall and CPU seconds of its fastest run, how the run ended, the
     exercises passed, and every run's wall-clock time."""
-    from inferlab.grade import PASSED, grade
+    from inferlab.course.grade import PASSED, grade
 
     rows = []
     for path in notebooks:
@@ -55,7 +55,7 @@ def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> l
 
 def main(argv=None) -> int:
     from inferlab.device import choose_profile
-    from inferlab.hardware import detect_device
+    from inferlab.analysis.hardware import detect_device
 
     root = data_path("hardware.csv").parent.parent
     parser = argparse.ArgumentParser(prog="python -m inferlab.benchmarks.lab_times",

@@ -4,7 +4,7 @@
     python -m inferlab.benchmarks.paged --skip-kernels    # only the memory experiments (seconds)
     python -m inferlab.benchmarks.paged --batch 64 --context 2048 --heads 32 --head-dim 128
 
-Memory (device-independent; ``inferlab.memory_sim``, ``inferlab.prefix_cache``):
+Memory (device-independent; ``inferlab.sim.memory_sim``, ``inferlab.serving.prefix_cache``):
 - the share of a KV pool holding real token states, and the sequences batched at once, under
   max-length, power-of-two, exact reservation and 16-token paging, for a pool of 12 GiB of
   Llama-2-13B-shaped KV (the paper's OPT-13B setting: 15.7K token slots), on the synthetic
@@ -15,7 +15,7 @@ Memory (device-independent; ``inferlab.memory_sim``, ``inferlab.prefix_cache``):
 Kernels (timed with ``inferlab.timing.time_fn``): decode attention of ``--batch`` sequences of
 ``--context`` tokens, contiguous ``scaled_dot_product_attention`` against the paged cache's
 gather-then-attend path, and on a GPU with Triton the fused kernel
-(``inferlab.paged_triton``). On a GPU the run is recorded, with provenance, in
+(``inferlab.serving.paged_triton``). On a GPU the run is recorded, with provenance, in
 ``data/measurements/paged_<device>_<date>.json`` (``--json`` picks another path).
 """
 
@@ -29,12 +29,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inferlab import formulas, memory_sim, paged_triton, traces
+from inferlab.analysis import formulas
+from inferlab.sim import memory_sim, traces
+from inferlab.serving import paged_triton
 from inferlab.device import check_dtype, choose_profile
-from inferlab.hardware import detect_device
-from inferlab.model import ModelConfig
-from inferlab.paged import BlockAllocator, BlockTable, gather_index, gather_kv
-from inferlab.prefix_cache import prefix_sharing_experiment
+from inferlab.analysis.hardware import detect_device
+from inferlab.model.config import ModelConfig
+from inferlab.serving.block_manager import BlockAllocator, BlockTable
+from inferlab.serving.paged_cache import gather_index, gather_kv
+from inferlab.serving.prefix_cache import prefix_sharing_experiment
 from inferlab.timing import time_fn
 from inferlab.measurements import write_record
 

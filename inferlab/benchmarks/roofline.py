@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from inferlab import formulas
+from inferlab.analysis import formulas
 from inferlab.benchmarks.kv_cache import cached_step_seconds
 from inferlab.device import bytes_per_element, choose_profile
-from inferlab.hardware import detect_device, measure_bandwidth, measure_peak_flops
+from inferlab.analysis.hardware import detect_device, measure_bandwidth, measure_peak_flops
 from inferlab.measurements import write_record
-from inferlab.model import build_model
+from inferlab.model.llama import build_model
 
 
 def main(argv=None) -> int:

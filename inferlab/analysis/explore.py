@@ -13,17 +13,17 @@ FLOPs over bytes is the step's arithmetic intensity, which places it on the devi
 ``batch`` / the larger of the two. ``decode_point`` computes all of it as plain numbers;
 ``plot_explorer`` draws the site's static figure; ``roofline_widget`` is the ipywidgets version a
 notebook shows (``show_roofline`` picks whichever is available). The KV capacity calculator is
-``inferlab.capacity``.
+``inferlab.analysis.capacity``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferlab import formulas
-from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.model import ModelConfig, model_presets
-from inferlab.widgets import redrawing, widget_or_figure
+from inferlab.analysis import formulas
+from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
+from inferlab.model.config import ModelConfig, model_presets
+from inferlab.analysis.widgets import redrawing, widget_or_figure
 
 DTYPES = ("bfloat16", "float16")
 BATCHES = tuple(2**i for i in range(13))             # 1 .. 4096
@@ -164,7 +164,7 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from inferlab.roofline import Roof, plot_roofline
+    from inferlab.analysis.roofline import Roof, plot_roofline
 
     point = decode_point(device, model, batch, dtype, context)
     sweep = decode_sweep(device, model, dtype, context, batches)

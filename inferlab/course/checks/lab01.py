@@ -1,9 +1,9 @@
-"""Checks for Lab 1, "Measure your own roofline". Oracles: the formulas in ``inferlab.formulas``."""
+"""Checks for Lab 1, "Measure your own roofline". Oracles: the formulas in ``inferlab.analysis.formulas``."""
 
 from __future__ import annotations
 
-from inferlab import formulas
-from inferlab.checks import expect_close, run_check
+from inferlab.analysis import formulas
+from inferlab.course.checks import expect_close, run_check
 
 # (peak FLOP/s, bandwidth bytes/s) pairs: an H100 SXM, a T4, and a CPU-like machine.
 _ROOFS = [(989e12, 3.35e12), (65e12, 320e9), (200e9, 36e9)]

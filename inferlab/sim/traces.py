@@ -15,7 +15,7 @@ distribution we chose and document, with the same means:
   (``_clipped_lognormal_mean``); the sample is then rescaled so that its own mean matches too,
   and rounded (``data/traces/README.md`` reports the file's means).
 
-The traces live in ``data/traces/`` as CSV files; ``python -m inferlab.traces`` regenerates
+The traces live in ``data/traces/`` as CSV files; ``python -m inferlab.sim.traces`` regenerates
 them bit for bit. Arrivals are a Poisson process (exponential gaps), as in the paper.
 """
 
@@ -175,7 +175,7 @@ def write_traces(folder: Path, n: int = DEFAULT_ROWS, max_len: int = DEFAULT_MAX
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Regenerate the synthetic request traces.")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2]
                         / "data" / "traces", help="folder to write (default: data/traces)")
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN)

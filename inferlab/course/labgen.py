@@ -11,8 +11,8 @@ The first code cell of every notebook is the Colab setup cell, rewritten here fr
 ``_config.yml``'s ``repository.url`` so that the URL is defined once. Outputs are stripped from
 both sets, so diffs stay readable.
 
-    python -m inferlab.labgen            # rewrite solutions/ (setup cell, outputs) and labs/
-    python -m inferlab.labgen --check    # exit 1 and list what is out of date; write nothing
+    python -m inferlab.course.labgen            # rewrite solutions/ (setup cell, outputs) and labs/
+    python -m inferlab.course.labgen --check    # exit 1 and list what is out of date; write nothing
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def sync(root: Path, check: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferlab.labgen", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m inferlab.course.labgen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if labs/ or solutions/ are out of date")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"labgen: {error}", file=sys.stderr)
         return 2
     if args.check and changed:
-        print("out of date (run `python -m inferlab.labgen`):\n  " + "\n  ".join(changed))
+        print("out of date (run `python -m inferlab.course.labgen`):\n  " + "\n  ".join(changed))
         return 1
     for path in changed:
         print(f"wrote {path}")

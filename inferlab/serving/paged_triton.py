@@ -1,6 +1,6 @@
 """A fused paged-decode attention kernel in Triton: K/V read straight through the block table.
 
-The CPU path of ``inferlab.paged`` gathers each sequence's scattered blocks into a contiguous
+The CPU path of ``inferlab.serving.block_manager`` gathers each sequence's scattered blocks into a contiguous
 tensor and then attends: every K/V byte is moved twice (gather, then attention). This kernel
 reads each block where it lies, looking its physical id up in the block table, and keeps a
 running softmax (the online-softmax recurrence of Milakov & Gimelshein 2018, used by

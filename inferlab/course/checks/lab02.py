@@ -1,17 +1,19 @@
 """Checks for Lab 2, "The KV cache". Oracles: full recomputation without a cache (the model's
-causal forward pass and ``generate_without_cache``), ``inferlab.formulas`` and ``inferlab.gqa``.
+causal forward pass and ``generate_without_cache``), ``inferlab.analysis.formulas`` and ``inferlab.model.gqa``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from inferlab import formulas
-from inferlab.checks import CheckFailed, expect_close, expect_equal, expect_tensor_close, run_check
-from inferlab.generate import generate, generate_without_cache
-from inferlab.gqa import mean_pool_heads
-from inferlab.kv_cache import KVCache
-from inferlab.model import ModelConfig, build_model
+from inferlab.analysis import formulas
+from inferlab.course.checks import (CheckFailed, expect_close, expect_equal, expect_tensor_close,
+    run_check)
+from inferlab.model.generate import generate, generate_without_cache
+from inferlab.model.gqa import mean_pool_heads
+from inferlab.model.kv_cache import KVCache
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
 
 KIB, GIB = 2**10, 2**30
 

@@ -11,7 +11,7 @@ solution) and ends in one of three ways:
   ``[TODO]`` and returns inferlab's reference implementation, so the rest of the lab runs. That is
   how a learner can skip ahead and how CI executes the unsolved labs.
 
-The three tags are fixed so that ``inferlab.grade`` can read a notebook's outputs; it imports
+The three tags are fixed so that ``inferlab.course.grade`` can read a notebook's outputs; it imports
 them from here, which is why this module imports torch only inside the functions that need it.
 """
 

@@ -2,10 +2,10 @@
 
 ``serve(model, requests)`` is the entry point. Underneath, three parts with one job each:
 
-- the ``Scheduler`` (``inferlab.scheduler``) decides every iteration who prefills, who decodes
+- the ``Scheduler`` (``inferlab.serving.scheduler``) decides every iteration who prefills, who decodes
   and who is preempted, and is the only code that changes a sequence's state;
 - the ``ModelRunner`` runs those decisions on the model over the paged KV cache
-  (``inferlab.paged``): a prefill is one forward of tokens (1, T) at positions (1, T), a decode
+  (``inferlab.serving.block_manager``): a prefill is one forward of tokens (1, T) at positions (1, T), a decode
   one forward of tokens (n, 1) at positions (n, 1), one row per running sequence, each preceded
   by ``cache.bind(tables)``; it samples greedily and only reads the sequences;
 - ``drive`` is the loop between them: it lets requests in when their arrival time comes,
@@ -13,7 +13,7 @@
   clock to the next arrival instead of sleeping (the stamps are those a real-time server would
   have made, but an idle trace costs no waiting).
 
-The same loop drives the discrete-event simulator (``inferlab.simulator``), with a runner that
+The same loop drives the discrete-event simulator (``inferlab.sim.simulator``), with a runner that
 charges modelled step times to a virtual clock instead of running the model.
 
 Invalid requests (an empty prompt, a prompt longer than the model's context, max_new_tokens
@@ -31,9 +31,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from inferlab.metrics import RequestTiming, Summary, summarize, SLO
-from inferlab.paged import PagedKVCache
-from inferlab.scheduler import POLICIES, Scheduler, Sequence, Step
+from inferlab.serving.metrics import RequestTiming, Summary, summarize, SLO
+from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.scheduler import POLICIES, Scheduler, Sequence, Step
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ by asking this module instead of listing them by hand:
 - ``labs()``: every lab in ``labs/`` with its title, its solution and its check module;
 - ``check_summaries(module)``: each check's exercise label, what it tests (its docstring) and
   the hints a learner sees when it fails (the ``hint=`` strings), read from
-  ``inferlab/checks/labNN.py`` without importing it.
+  ``inferlab/course/checks/labNN.py`` without importing it.
 
 Everything here reads a checkout (the repository root is the folder above the package).
 """
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def toc_parts(root: Path = ROOT) -> dict[str, list[str]]:
@@ -70,7 +70,7 @@ def _title(path: Path) -> str:
 
 def labs(root: Path = ROOT) -> list[Lab]:
     """Every lab in ``labs/``, in order of its number."""
-    from inferlab.grade import find_check_module
+    from inferlab.course.grade import find_check_module
 
     import nbformat
 
@@ -134,9 +134,9 @@ def _hints_in(function: ast.FunctionDef) -> list[str]:
 
 
 def check_summaries(module: str, root: Path = ROOT) -> list[CheckSummary]:
-    """The checks of ``inferlab/checks/<module>.py`` in file order, with every hint each can give
+    """The checks of ``inferlab/course/checks/<module>.py`` in file order, with every hint each can give
     (its own and those of the module's private helpers it calls, directly or not)."""
-    path = root / "inferlab" / "checks" / f"{module}.py"
+    path = root / "inferlab" / "course" / "checks" / f"{module}.py"
     if not re.fullmatch(r"lab\w+", module) or not path.is_file():
         return []
     body = ast.parse(path.read_text(encoding="utf-8")).body

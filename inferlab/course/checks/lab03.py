@@ -1,6 +1,6 @@
-"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.paged`` (the reference allocator and
+"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.block_manager`` (the reference allocator and
 block table), contiguous ``scaled_dot_product_attention`` on the same K/V, the contiguous
-``KVCache``, ``inferlab.memory_sim.slots_held`` and the defining property of a chained hash.
+``KVCache``, ``inferlab.sim.memory_sim.slots_held`` and the defining property of a chained hash.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import random
 import torch
 import torch.nn.functional as F
 
-from inferlab import memory_sim, prefix_cache
-from inferlab.checks import CheckFailed, expect_equal, expect_tensor_close, run_check
-from inferlab.kv_cache import KVCache
-from inferlab.model import build_model
-from inferlab.paged import (BlockAllocator, BlockStateError, BlockTable, OutOfBlocksError,
-                            PagedKVCache, gather_index, gather_kv)
+from inferlab.sim import memory_sim
+from inferlab.serving import prefix_cache
+from inferlab.course.checks import CheckFailed, expect_equal, expect_tensor_close, run_check
+from inferlab.model.kv_cache import KVCache
+from inferlab.model.llama import build_model
+from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
+    OutOfBlocksError)
+from inferlab.serving.paged_cache import PagedKVCache, gather_index, gather_kv
 
 
 def _expect_raises(what: str, exc: type, fn, hint: str) -> None:
@@ -41,7 +43,7 @@ def allocator(cls):
                      hint="hand out each free block once; every block id is in 0..num_blocks-1.")
         expect_equal("num_free after allocating all 4", a.num_free, 0)
         _expect_raises("allocate() with no free block", OutOfBlocksError, a.allocate,
-                       "raise inferlab.paged.OutOfBlocksError (not IndexError from an empty "
+                       "raise inferlab.serving.block_manager.OutOfBlocksError (not IndexError from an empty "
                        "list) so a scheduler can catch it and preempt.")
         b = got[0]
         expect_equal("fork(b) returns", a.fork(b), b, hint="fork returns the same block id.")

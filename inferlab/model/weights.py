@@ -3,7 +3,7 @@
 A Hugging Face checkpoint directory holds ``config.json`` (the shape), the weights in one or
 more ``.safetensors`` files (several "shards" listed in ``model.safetensors.index.json`` when
 the model is large) and the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``).
-``inferlab.model.Llama`` uses the same parameter names, so loading is a matter of reading each
+``inferlab.model.llama.Llama`` uses the same parameter names, so loading is a matter of reading each
 tensor by name, in the dtype and on the device you choose. Models with tied embeddings (the
 small Qwen2.5 ones) store no ``lm_head.weight``: the output projection is the embedding table.
 
@@ -28,8 +28,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from inferlab.device import parse_dtype, supported_dtypes
-from inferlab.generate import generate_text  # noqa: F401  (re-exported for Colab users)
-from inferlab.model import Llama, ModelConfig
+from inferlab.model.generate import generate_text  # noqa: F401  (re-exported for Colab users)
+from inferlab.model.llama import Llama
+from inferlab.model.config import ModelConfig
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

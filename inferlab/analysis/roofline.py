@@ -13,8 +13,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from inferlab.formulas import ridge_point
-from inferlab.hardware import DeviceSpec, get_device_spec
+from inferlab.analysis.formulas import ridge_point
+from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 
 
 @dataclass(frozen=True)

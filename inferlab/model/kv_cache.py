@@ -8,7 +8,7 @@ numbers of memory per token (``formulas.kv_bytes_per_token``).
 The buffers are allocated once, at full size, as gpt-fast does, so decoding never reallocates
 and the memory a request will need is known up front. Every sequence in the batch sits at the
 same position (one prompt length per batch); ragged batches are the paged cache's job
-(``inferlab.paged``). Mistakes raise: writing past the capacity, or K/V of the wrong shape,
+(``inferlab.serving.block_manager``). Mistakes raise: writing past the capacity, or K/V of the wrong shape,
 dtype or device, is an error, never a silent truncation.
 """
 
@@ -55,7 +55,7 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int | None = None) -> "KVCache":
-        """A cache shaped for ``model`` (an ``inferlab.model.Llama``), in its dtype and device."""
+        """A cache shaped for ``model`` (an ``inferlab.model.llama.Llama``), in its dtype and device."""
         c = model.config
         max_len = c.max_seq_len if max_len is None else max_len
         if max_len > c.max_seq_len:

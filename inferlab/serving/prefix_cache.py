@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from inferlab.paged import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockTable
 
 
 def block_hashes(tokens, block_size: int) -> list[int]:

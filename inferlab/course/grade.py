@@ -1,8 +1,8 @@
 """Grade submitted lab notebooks: run each one headless and read what its check cells said.
 
-    python -m inferlab.grade submissions/*.ipynb               # tables on stdout
-    python -m inferlab.grade alice.ipynb bob.ipynb --json       # or --csv
-    python -m inferlab.grade submissions/*.ipynb --timeout 300 --jobs 2 --profile cpu
+    python -m inferlab.course.grade submissions/*.ipynb               # tables on stdout
+    python -m inferlab.course.grade alice.ipynb bob.ipynb --json       # or --csv
+    python -m inferlab.course.grade submissions/*.ipynb --timeout 300 --jobs 2 --profile cpu
 
 Every notebook runs in a worker process of its own, with a Jupyter kernel of its own, in a fresh
 temporary directory, after its saved outputs are cleared (an output pasted into a submission
@@ -12,13 +12,13 @@ killed and the exercises not reached are reported as not run. A notebook that is
 JSON, is not a notebook, kills its kernel or hangs its worker gets a row that says so; the other
 notebooks are graded as usual.
 
-The checks in ``inferlab.checks`` end in one of three fixed tags, which the grader reads from
+The checks in ``inferlab.course.checks`` end in one of three fixed tags, which the grader reads from
 the outputs: ``[PASS] Exercise N.M`` printed means passed; a ``CheckFailed`` error whose message
 starts ``[FAIL] Exercise N.M`` means failed (the row carries the message and its hint);
 ``[TODO] Exercise N.M`` printed means not attempted. An exercise with no tag at all is *not run*,
 with the reason: its check cell raised some other error (say, a NameError because the exercise
 cell had a syntax error), was never reached, or is missing. Which exercises a lab has comes from
-its check module, ``inferlab.checks.labNN``, whose check functions' docstrings start
+its check module, ``inferlab.course.checks.labNN``, whose check functions' docstrings start
 ``Exercise N.M:``; tags for other labels are reported too.
 
 Exit status:
@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from inferlab.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
+from inferlab.course.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
 
 # What an exercise can come to.
 PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN = "passed", "failed", "not attempted", "not run"
@@ -69,8 +69,8 @@ EXIT_ALL_PASSED, EXIT_NOT_ALL_PASSED, EXIT_USAGE, EXIT_NOT_GRADED = 0, 1, 2, 3
 
 _LABEL = r"[0-9A-Za-z_.]*[0-9A-Za-z_]"
 _TAG = re.compile("(" + "|".join(map(re.escape, _TAG_STATUS)) + rf") Exercise\s+({_LABEL})")
-_IMPORTS = (re.compile(r"^\s*from\s+inferlab\.checks\s+import\s+(lab\w+)(?:\s+as\s+(\w+))?", re.M),
-            re.compile(r"^\s*import\s+inferlab\.checks\.(lab\w+)(?:\s+as\s+(\w+))?", re.M))
+_IMPORTS = (re.compile(r"^\s*from\s+inferlab\.course\.checks\s+import\s+(lab\w+)(?:\s+as\s+(\w+))?", re.M),
+            re.compile(r"^\s*import\s+inferlab\.course\.checks\.(lab\w+)(?:\s+as\s+(\w+))?", re.M))
 _WORKER_GRACE_S = 90  # kernel start-up and shutdown on top of a notebook's own budget
 
 
@@ -117,19 +117,19 @@ class NotebookResult:
 # --- Reading a notebook: which lab it is, and what its checks said ----------------------------
 
 def find_check_module(sources: Iterable[str]) -> tuple[str | None, str | None]:
-    """``("lab01", "check")`` from a cell such as ``from inferlab.checks import lab01 as check``."""
+    """``("lab01", "check")`` from a cell such as ``from inferlab.course.checks import lab01 as check``."""
     for source in sources:
         for pattern in _IMPORTS:
             if m := pattern.search(source):
                 module, alias = m.group(1), m.group(2)
                 if alias is None:
-                    alias = module if pattern is _IMPORTS[0] else f"inferlab.checks.{module}"
+                    alias = module if pattern is _IMPORTS[0] else f"inferlab.course.checks.{module}"
                 return module, alias
     return None, None
 
 
 def exercises_of(module: str) -> dict[str, str]:
-    """``{check function: exercise label}`` read from ``inferlab/checks/<module>.py``.
+    """``{check function: exercise label}`` read from ``inferlab/course/checks/<module>.py``.
 
     The labels come from the docstrings (``\"\"\"Exercise 1.1a: ...\"\"\"``). The file is parsed,
     not imported, so the grader itself never imports torch.
@@ -338,7 +338,7 @@ def _grade_in_worker(index: int, path: Path, timeout: float, kernel: str, env: d
                      executed_dir: Path | None) -> NotebookResult:
     with tempfile.TemporaryDirectory(prefix="inferlab-grade-") as tmp:
         result_file = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "inferlab.grade", str(path), "--timeout", str(timeout),
+        cmd = [sys.executable, "-m", "inferlab.course.grade", str(path), "--timeout", str(timeout),
                "--kernel", kernel, "--_worker-result", str(result_file)]
         if executed_dir is not None:
             cmd += ["--executed-dir", str(_executed_name(executed_dir, index, path))]
@@ -466,7 +466,7 @@ def format_json(results: list[NotebookResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m inferlab.grade",
+        prog="python -m inferlab.course.grade",
         description="Run submitted lab notebooks headless and report, per notebook and per "
                     "exercise, passed / failed (with the check's message) / not attempted / "
                     "not run.",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.model import Llama
+from inferlab.model.llama import Llama
 
 
 def kv_head_options(n_heads: int) -> list[int]:

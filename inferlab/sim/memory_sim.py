@@ -12,7 +12,7 @@ decides how many slots a request holds:
   final length, as if the system knew it to within a factor of two (Orca-Pow2);
 - ``exact``: a contiguous region of exactly its final length, which needs an oracle (Orca-Oracle);
 - ``paged``: ``block_size``-token blocks taken one at a time as the sequence grows
-  (vLLM), simulated with the real ``inferlab.paged`` allocator.
+  (vLLM), simulated with the real ``inferlab.serving.block_manager`` allocator.
 
 Contiguous regions are placed first-fit, so freed regions leave holes (external fragmentation).
 Every step the pool's slots are split into four kinds: token states (real K/V), reserved (slots a
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from inferlab.paged import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockTable
 
 POLICIES = ("max_length", "power_of_two", "exact", "paged")
 

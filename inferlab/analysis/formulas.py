@@ -19,7 +19,7 @@ from inferlab.device import bytes_per_element
 from inferlab.validation import positive
 
 if TYPE_CHECKING:  # pragma: no cover
-    from inferlab.model import ModelConfig
+    from inferlab.model.config import ModelConfig
 
 
 def param_count(config: "ModelConfig", include_embeddings: bool = True) -> int:

@@ -3,7 +3,7 @@
 Orca (Yu et al., OSDI 2022) schedules a serving engine one iteration at a time instead of one
 batch at a time: before every forward pass the scheduler re-forms the batch, so a finished
 request leaves at once and a waiting one joins at once. vLLM (Kwon et al., SOSP 2023) pairs
-that with the paged KV cache (``inferlab.paged``): a request is admitted when the blocks for
+that with the paged KV cache (``inferlab.serving.block_manager``): a request is admitted when the blocks for
 its prompt are free, takes one more block each time it crosses a block boundary, and when the
 pool runs dry the scheduler *preempts*: it frees every block of the latest-arrived running
 request and puts it back in the waiting queue, to be recomputed from its prompt and the tokens
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from inferlab.paged import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockTable
 from inferlab.validation import positive, positive_ints
 
 

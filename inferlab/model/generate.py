@@ -6,7 +6,7 @@
 - ``generate_without_cache``: recompute the whole sequence for every new token: the O(n^2)
   baseline the KV cache exists to beat, and the oracle the cached path is checked against.
 - ``generate_text``: the same two loops behind a tokenizer, for a real checkpoint
-  (``inferlab.weights``): text in, text out.
+  (``inferlab.model.weights``): text in, text out.
 
 Both loops check up front that the tokens fit (the model's context, the cache's capacity), so a
 generation never fails halfway through.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.kv_cache import CacheFullError, KVCache
+from inferlab.model.kv_cache import CacheFullError, KVCache
 from inferlab.validation import positive_ints
 
 
@@ -109,7 +109,7 @@ def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 32, use_c
     """Continue ``prompt`` (a string) and return only the new text.
 
     ``tokenizer`` is anything with ``encode(text) -> list[int]`` and ``decode(ids) -> str``
-    (``inferlab.weights.load_tokenizer`` gives one). ``use_cache=False`` runs the recomputing
+    (``inferlab.model.weights.load_tokenizer`` gives one). ``use_cache=False`` runs the recomputing
     loop instead: the same text, more slowly. Generation stops at the tokenizer's
     ``eos_token_id`` (when it has one) unless ``stop_at_eos`` is False.
     """

@@ -3,7 +3,7 @@
 A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
 many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
 attend over. So a simulator can replay a trace with the *real* scheduler and block allocator
-(``inferlab.scheduler``, ``inferlab.paged``) and the *real* event loop (``engine.drive``), and
+(``inferlab.serving.scheduler``, ``inferlab.serving.block_manager``) and the *real* event loop (``engine.drive``), and
 replace only the model by a cost model that says how long each step takes, charged to a virtual
 clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only step
 times are modelled. Two cost models:
@@ -13,7 +13,7 @@ times are modelled. Two cost models:
   by least squares to step times measured with ``torch.utils.benchmark`` (``measure_costs``)
   or taken from an engine run's iteration log (``FittedCosts.from_iterations``).
 - ``RooflineCosts``: a table GPU and model (``data/hardware.csv``, ``data/models.csv``): each step
-  takes max(FLOPs / peak, bytes / bandwidth) from ``inferlab.formulas``, optionally derated by
+  takes max(FLOPs / peak, bytes / bandwidth) from ``inferlab.analysis.formulas``, optionally derated by
   an efficiency and padded with a fixed per-step overhead. With efficiency 1 and no overhead it
   is the roofline's bound: no real engine is faster.
 
@@ -29,11 +29,12 @@ from typing import Iterable, Protocol
 import numpy as np
 import torch
 
-from inferlab import formulas
-from inferlab.engine import Iteration, ModelRunner, Request, drive
-from inferlab.metrics import RequestTiming, SLO, Summary, summarize
-from inferlab.paged import BlockAllocator, PagedKVCache
-from inferlab.scheduler import Scheduler, Sequence
+from inferlab.analysis import formulas
+from inferlab.serving.engine import Iteration, ModelRunner, Request, drive
+from inferlab.serving.metrics import RequestTiming, SLO, Summary, summarize
+from inferlab.serving.block_manager import BlockAllocator
+from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.scheduler import Scheduler, Sequence
 from inferlab.timing import time_fn
 
 
@@ -174,7 +175,7 @@ class RooflineCosts:
     every forward pass (kernel launches, Python).
     """
 
-    config: object            # an inferlab.model.ModelConfig
+    config: object            # an inferlab.model.config.ModelConfig
     peak_flops: float         # FLOP/s
     bandwidth: float          # bytes/s
     dtype: str = "bfloat16"
@@ -264,7 +265,7 @@ def simulate(requests: list[Request], costs: CostModel, num_blocks: int, block_s
 
     Prompts only need the right length (token values are ignored): see ``trace_requests``.
     """
-    from inferlab.engine import _policy
+    from inferlab.serving.engine import _policy
 
     clock = VirtualClock()
     sched = Scheduler(BlockAllocator(num_blocks), block_size, max_batch, _policy(policy),

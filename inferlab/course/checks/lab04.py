@@ -3,11 +3,11 @@
 Oracles that need no solution:
 
 - the scheduling policies are replayed on fixed traces under memory pressure, step by step,
-  against ``inferlab.scheduler``'s policies (with a hint naming the first rule broken), and the
+  against ``inferlab.serving.scheduler``'s policies (with a hint naming the first rule broken), and the
   continuous one also drives the real engine, whose every output must equal generating that
-  request alone with the contiguous KV cache (``inferlab.generate``), preemptions included;
-- the metrics are compared with ``inferlab.metrics`` and ``numpy.percentile``;
-- the prediction with ``inferlab.simulator.static_slot_utilisation``.
+  request alone with the contiguous KV cache (``inferlab.model.generate``), preemptions included;
+- the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
+- the prediction with ``inferlab.sim.simulator.static_slot_utilisation``.
 
 The model the checks run is a 2-layer version of ``tiny`` in float64 on the CPU, whatever the
 learner's device: batched and single-row matmuls round differently, and in float64 that can
@@ -21,17 +21,19 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from inferlab import metrics, scheduler, simulator
-from inferlab.checks import CheckFailed, expect_close, expect_equal, run_check
-from inferlab.engine import Engine, Request, drive
-from inferlab.paged import BlockAllocator, OutOfBlocksError
-from inferlab.scheduler import Scheduler, SchedulingError
+from inferlab.serving import metrics, scheduler
+from inferlab.sim import simulator
+from inferlab.course.checks import CheckFailed, expect_close, expect_equal, run_check
+from inferlab.serving.engine import Engine, Request, drive
+from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
+from inferlab.serving.scheduler import Scheduler, SchedulingError
 
 
 # -- the oracle's model and traces ----------------------------------------------------------
 @lru_cache(maxsize=1)
 def _model():
-    from inferlab.model import ModelConfig, build_model
+    from inferlab.model.config import ModelConfig
+    from inferlab.model.llama import build_model
 
     config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=256)
     return build_model(config, seed=0).to(torch.float64)
@@ -39,7 +41,7 @@ def _model():
 
 @lru_cache(maxsize=None)
 def _alone(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    from inferlab.generate import generate
+    from inferlab.model.generate import generate
 
     return tuple(generate(_model(), torch.tensor(prompt), n)[0, len(prompt):].tolist())
 

@@ -2,7 +2,7 @@
 
     requests = (device memory - weights - activation reserve) / (KV bytes per token x context)
 
-The formulas live in ``inferlab.formulas`` (``kv_memory_budget``, ``kv_token_slots``,
+The formulas live in ``inferlab.analysis.formulas`` (``kv_memory_budget``, ``kv_token_slots``,
 ``max_concurrent_requests``); this module puts a model from ``data/models.csv`` and a device
 from ``data/hardware.csv`` together, draws the static figure the site shows, and builds the
 ipywidgets calculator a notebook shows when ipywidgets is installed (``show_capacity`` picks).
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferlab import formulas
+from inferlab.analysis import formulas
 from inferlab.device import parse_dtype
-from inferlab.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.model import ModelConfig, model_presets
-from inferlab.widgets import redrawing, widget_or_figure
+from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
+from inferlab.model.config import ModelConfig, model_presets
+from inferlab.analysis.widgets import redrawing, widget_or_figure
 
 # Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
 # Fig. 1 leaves about 2 GB of an A100-40GB for them beside 26 GB of weights and 12 GB of cache.

@@ -1,0 +1,7 @@
+"""The model: a Llama-architecture network and how it generates, with no serving state.
+
+Read in this order: ``config`` (the shape, and the presets of ``data/models.csv``), ``llama``
+(the network, with Hugging Face parameter names), ``kv_cache`` (the reference contiguous cache),
+``generate`` (prefill, one decode step, the loop), ``weights`` (Hugging Face checkpoints and
+tokenizers), ``gqa`` (fewer KV heads by mean pooling).
+"""

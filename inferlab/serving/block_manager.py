@@ -1,0 +1,183 @@
+"""PagedAttention's memory manager: fixed-size blocks, block tables, copy-on-write.
+
+Kwon et al. (SOSP 2023) store the KV cache the way an operating system stores a process's
+memory: in fixed-size blocks (pages) of ``block_size`` tokens that need not be contiguous. Each
+sequence has a block table (its page table) mapping its logical block i, tokens
+i*block_size .. (i+1)*block_size - 1, to a physical block anywhere in one shared pool. A sequence
+takes a new block only when it crosses a block boundary, so at most block_size - 1 slots of its
+memory are empty, and it reserves nothing for tokens it has not produced yet.
+
+Read in this order:
+
+- ``BlockAllocator``: the free list and the reference counts. It alone decides which block is
+  free; everything else asks it.
+- ``BlockTable``: one sequence's list of blocks. ``append`` grows it (allocating only at block
+  boundaries), ``slot_mapping`` turns token positions into physical slots, ``fork`` shares every
+  block with a child (parallel sampling, beam search) and copy-on-write separates them again.
+
+Copy-on-write: a forked table shares its parent's blocks. Full blocks never change again, so
+sharing them is free. A partly filled last block would be written by both, so a table that
+appends into a shared partly filled block takes a fresh block, drops its reference to the shared
+one (the last sharer then writes in place) and queues a copy (source, destination) on the
+allocator; the cache (``inferlab.serving.paged_cache``) runs the queued copies before the next
+forward writes anything (vLLM's ``blocks_to_copy``).
+
+Only the scheduler (through ``BlockTable``) changes which blocks a sequence owns; the cache and
+the model only read the tables. The K/V tensors themselves live in
+``inferlab.serving.paged_cache``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from inferlab.validation import positive_ints
+
+
+class OutOfBlocksError(RuntimeError):
+    """No free block is left. A scheduler catches this and waits, or preempts a sequence."""
+
+
+class BlockStateError(ValueError):
+    """A block was used in a state that forbids it: freeing or forking a free or unknown block."""
+
+
+class BlockAllocator:
+    """A pool of ``num_blocks`` physical blocks: a free list and a reference count per block.
+
+    A block is free when its count is 0. ``allocate`` hands out a free block with count 1,
+    ``fork`` adds an owner, and ``free`` removes one; the block returns to the free list when
+    its last owner frees it.
+    """
+
+    def __init__(self, num_blocks: int):
+        positive_ints(num_blocks=num_blocks)
+        self._refcounts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))  # FIFO: reuse the longest-freed block
+        # Copy-on-write copies (source, destination) not yet done; PagedKVCache.bind runs them.
+        self.pending_copies: list[tuple[int, int]] = []
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._refcounts)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int = 1) -> bool:
+        """Whether ``n`` blocks can be allocated now."""
+        return n <= len(self._free)
+
+    def allocate(self) -> int:
+        """A free block, now owned once (reference count 1)."""
+        if not self._free:
+            raise OutOfBlocksError(f"all {self.num_blocks} KV blocks are in use; free a "
+                                   "sequence (or preempt one) before allocating more")
+        block = self._free.popleft()
+        self._refcounts[block] = 1
+        return block
+
+    def _check_owned(self, block: int, action: str) -> None:
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise BlockStateError(f"cannot {action} block {block!r}: blocks are numbered "
+                                  f"0..{self.num_blocks - 1}")
+        if self._refcounts[block] == 0:
+            raise BlockStateError(f"cannot {action} block {block}: it is free (a double free, "
+                                  "or a block used after its last owner freed it)")
+
+    def fork(self, block: int) -> int:
+        """Add an owner to ``block`` (reference count + 1) and return the same block id."""
+        self._check_owned(block, "fork")
+        self._refcounts[block] += 1
+        return block
+
+    def free(self, block: int) -> None:
+        """Remove one owner; the block returns to the free list when no owner is left."""
+        self._check_owned(block, "free")
+        self._refcounts[block] -= 1
+        if self._refcounts[block] == 0:
+            self._free.append(block)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The queued copy-on-write copies, oldest first; the queue is empty afterwards."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def refcount(self, block: int) -> int:
+        """How many owners ``block`` has (0: free)."""
+        if not 0 <= block < self.num_blocks:
+            raise BlockStateError(f"block {block} does not exist (0..{self.num_blocks - 1})")
+        return self._refcounts[block]
+
+    def __repr__(self) -> str:
+        return f"BlockAllocator({self.num_free}/{self.num_blocks} free)"
+
+
+class BlockTable:
+    """One sequence's block table: physical block ids in logical order, and its token count."""
+
+    def __init__(self, allocator: BlockAllocator, block_size: int = 16):
+        positive_ints(block_size=block_size)
+        self.allocator = allocator
+        self.block_size = block_size
+        self.blocks: list[int] = []
+        self.num_tokens = 0
+
+    def _needs_copy(self, n_new: int) -> bool:
+        """Whether appending would write into a shared, partly filled last block."""
+        return (n_new > 0 and self.num_tokens % self.block_size != 0
+                and self.allocator.refcount(self.blocks[-1]) > 1)
+
+    def blocks_needed(self, n_new: int) -> int:
+        """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
+        if n_new < 0:
+            raise ValueError(f"n_new must be >= 0, got {n_new}")
+        total = -(-(self.num_tokens + n_new) // self.block_size)  # ceil division
+        return total - len(self.blocks) + int(self._needs_copy(n_new))
+
+    def can_append(self, n_new: int) -> bool:
+        return self.allocator.can_allocate(self.blocks_needed(n_new))
+
+    def append(self, n_new: int) -> None:
+        """Make room for ``n_new`` more tokens; raises OutOfBlocksError with nothing changed."""
+        needed = self.blocks_needed(n_new)
+        if not self.allocator.can_allocate(needed):
+            raise OutOfBlocksError(f"appending {n_new} tokens needs {needed} free blocks but "
+                                   f"only {self.allocator.num_free} are free")
+        if self._needs_copy(n_new):  # copy-on-write: take a private copy of the shared block
+            source, copy = self.blocks[-1], self.allocator.allocate()
+            self.allocator.pending_copies.append((source, copy))
+            self.allocator.free(source)  # still owned by the others, so it is not reused yet
+            self.blocks[-1] = copy
+        while len(self.blocks) * self.block_size < self.num_tokens + n_new:
+            self.blocks.append(self.allocator.allocate())
+        self.num_tokens += n_new
+
+    def slot_mapping(self, positions: torch.Tensor) -> torch.Tensor:
+        """Physical slots (block * block_size + offset) of token ``positions`` (any shape)."""
+        positions = torch.as_tensor(positions)
+        if positions.numel() and (int(positions.min()) < 0 or
+                                  int(positions.max()) >= len(self.blocks) * self.block_size):
+            raise IndexError(f"positions {int(positions.min())}..{int(positions.max())} are "
+                             f"outside the table's {len(self.blocks)} blocks; append first")
+        blocks = torch.tensor(self.blocks, dtype=torch.long, device=positions.device)
+        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def fork(self) -> "BlockTable":
+        """A child table sharing every block (reference counts + 1); writes copy on demand."""
+        child = BlockTable(self.allocator, self.block_size)
+        child.blocks = [self.allocator.fork(b) for b in self.blocks]
+        child.num_tokens = self.num_tokens
+        return child
+
+    def free(self) -> None:
+        """Release every block this table owns; the table is empty (and reusable) afterwards."""
+        for block in reversed(self.blocks):
+            self.allocator.free(block)
+        self.blocks, self.num_tokens = [], 0
+
+    def __repr__(self) -> str:
+        return f"BlockTable(tokens={self.num_tokens}, blocks={self.blocks})"
