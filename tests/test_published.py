@@ -37,7 +37,7 @@ def _bib_keys(root) -> set[str]:
 
 def test_every_quote_is_sourced_and_printed_as_recorded(root):
     table = quotes()
-    assert len(table) >= 20
+    assert len(table) >= 30
     keys = _bib_keys(root)
     problems = []
     for q in table.values():

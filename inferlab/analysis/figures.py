@@ -15,14 +15,28 @@ import numpy as np
 
 
 def plain_log_ticks(ax, which: str = "xy") -> None:
-    """Label the major ticks of log axes as plain numbers (1,000 not 10^3) and hide minor labels."""
+    """Label the major ticks of log axes as plain numbers (1,000 not 10^3), hide minor labels.
+
+    An axis that spans less than two decades also gets ticks at 2 and 5 times each power of ten,
+    so that it shows a few numbers instead of matplotlib's minor labels such as "4x10^1".
+    Call it after the data are drawn (it reads the axis limits).
+    """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator
 
     def fmt(value, _pos):
         return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
     for name in which:
         axis = ax.xaxis if name == "x" else ax.yaxis
+        if axis.get_scale() != "log":
+            continue
+        lo, hi = (ax.get_xlim() if name == "x" else ax.get_ylim())
+        if lo > 0 and hi / lo < 10:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                                                              8.0)))
+        elif lo > 0 and hi / lo < 100:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(plt.FuncFormatter(fmt))
         axis.set_minor_formatter(plt.NullFormatter())
 
