@@ -2,7 +2,8 @@
 
 - ``plain_log_ticks``: logarithmic axes labelled 1, 10, 100 (or 0.1, 1,000) instead of
   matplotlib's default 10^0 or, on short ranges, "4x10^1".
-- ``legend_outside``: a legend to the right of the axes, where it cannot cover a line.
+- ``legend_outside`` and ``legend_below``: a legend right of or under the axes, where it
+  cannot cover a line.
 - ``figure_problems``: what a reader would trip over in a drawn figure: a legend that covers
   plotted data (a line vertex, a marker or a bar inside the legend's box), a data point drawn
   outside the axes (clipped away), and lines or markers that no legend entry explains when the
@@ -45,6 +46,18 @@ def legend_outside(ax, **kwargs):
     """A legend just right of ``ax``, its top aligned with the axes' top."""
     kwargs.setdefault("fontsize", "small")
     return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+
+
+def legend_below(ax, **kwargs):
+    """A legend under ``ax``'s x label and tick labels, centred: for panels side by side."""
+    kwargs.setdefault("fontsize", "small")
+    fig = ax.figure
+    fig.canvas.draw()
+    boxes = [ax.xaxis.label.get_window_extent()] + [t.get_window_extent()
+                                                    for t in ax.get_xticklabels() if t.get_text()]
+    bottom = min(b.y0 for b in boxes)
+    y = ax.transAxes.inverted().transform((0, bottom))[1] - 0.02
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, y), borderaxespad=0.0, **kwargs)
 
 
 def _data_points(artist, ax):
@@ -111,6 +124,17 @@ def figure_problems(fig) -> list[str]:
                 if inside.any():
                     problems.append(f"{ax.get_title()!r}: the legend covers {inside.sum()} "
                                     f"point(s) of {name!r}")
+        texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(),
+                 *ax.get_yticklabels()]
+        for _, legend in legends:
+            lbox = legend.get_window_extent()
+            for text in texts:
+                if text.get_text() and text.get_visible():
+                    tbox = text.get_window_extent()
+                    if (tbox.x0 < lbox.x1 and tbox.x1 > lbox.x0 and tbox.y0 < lbox.y1
+                            and tbox.y1 > lbox.y0):
+                        problems.append(f"{ax.get_title()!r}: the legend covers the text "
+                                        f"{text.get_text()!r}")
         if legends:
             explained = set()
             for _, legend in legends:
