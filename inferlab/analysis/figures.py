@@ -49,15 +49,22 @@ def legend_outside(ax, **kwargs):
 
 
 def legend_below(ax, **kwargs):
-    """A legend under ``ax``'s x label and tick labels, centred: for panels side by side."""
+    """A legend under ``ax``'s x label and tick labels, centred: for panels side by side.
+
+    It hangs a fixed number of points below the axes, so a later ``tight_layout`` that resizes
+    the axes moves it together with the labels it must clear.
+    """
+    from matplotlib.transforms import offset_copy
+
     kwargs.setdefault("fontsize", "small")
     fig = ax.figure
     fig.canvas.draw()
     boxes = [ax.xaxis.label.get_window_extent()] + [t.get_window_extent()
                                                     for t in ax.get_xticklabels() if t.get_text()]
-    bottom = min(b.y0 for b in boxes)
-    y = ax.transAxes.inverted().transform((0, bottom))[1] - 0.02
-    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, y), borderaxespad=0.0, **kwargs)
+    drop = (ax.get_window_extent().y0 - min(b.y0 for b in boxes)) * 72 / fig.dpi + 4
+    anchor = offset_copy(ax.transAxes, fig=fig, y=-drop, units="points")
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=anchor,
+                     borderaxespad=0.0, **kwargs)
 
 
 def _data_points(artist, ax):
