@@ -1,35 +1,48 @@
-"""Grade submitted lab notebooks: run each one headless and read what its check cells said.
+"""Grade submitted lab notebooks: run each one headless, then run the lab's checks on it.
 
     python -m inferlab.course.grade submissions/*.ipynb               # tables on stdout
     python -m inferlab.course.grade alice.ipynb bob.ipynb --json       # or --csv
     python -m inferlab.course.grade submissions/*.ipynb --timeout 300 --jobs 2 --profile cpu
 
-Every notebook runs in a worker process of its own, with a Jupyter kernel of its own, in a fresh
-temporary directory, after its saved outputs are cleared (an output pasted into a submission
-counts for nothing). A cell that raises does not stop the run, so later exercises are still
-graded. Each notebook has a wall-clock budget (``--timeout``): when it runs out the kernel is
-killed and the exercises not reached are reported as not run. A notebook that is missing, is not
-JSON, is not a notebook, kills its kernel or hangs its worker gets a row that says so; the other
-notebooks are graded as usual.
+Every notebook runs in a worker process of its own (with a memory limit, ``--memory-gb``), with a
+Jupyter kernel of its own, in a fresh temporary directory, after its saved outputs are cleared. A
+cell that raises does not stop the run. Each notebook has a wall-clock budget (``--timeout``):
+when it runs out the kernel is killed and the exercises are reported as not run. A notebook that
+is missing, is not JSON, is not a notebook, kills its kernel or hangs its worker gets a row that
+says so; the other notebooks are graded as usual.
 
-The checks in ``inferlab.course.checks`` end in one of three fixed tags, which the grader reads from
-the outputs: ``[PASS] Exercise N.M`` printed means passed; a ``CheckFailed`` error whose message
-starts ``[FAIL] Exercise N.M`` means failed (the row carries the message and its hint);
-``[TODO] Exercise N.M`` printed means not attempted. An exercise with no tag at all is *not run*,
-with the reason: its check cell raised some other error (say, a NameError because the exercise
-cell had a syntax error), was never reached, or is missing. Which exercises a lab has comes from
-its check module, ``inferlab.course.checks.labNN``, whose check functions' docstrings start
-``Exercise N.M:``; tags for other labels are reported too.
+**The verdict comes from checks the grader runs, never from what the notebook prints.** When the
+submission's last cell has run, the grader sends one more cell to the same kernel:
+``inferlab.course.verify``, which executes the lab's check module afresh from its file, executes
+again every definition of each exercise's function from the submission's source, calls each
+check on the learner's function, and writes the results, with a nonce, to a file the grader
+created only then. Which functions a lab's checks take comes from the repository's own copy of
+the lab (``inferlab.course.catalog.exercise_names``), and which exercises a lab has from its
+check module's docstrings (``Exercise N.M: ...``). An exercise is
+
+- *passed* when the grader's check returned the learner's own function;
+- *failed* when it raised ``CheckFailed`` (the row carries the message and its hint);
+- *not attempted* when the function still raises ``NotImplementedError``;
+- *not run* when no cell defines the function, its definition raised, or the notebook stopped
+  before the grader could check it (timed out, kernel died);
+- *flagged* when the learner's function is, wraps, subclasses or calls the package's reference
+  implementation that the check lends to an unattempted exercise, or when the notebook replaced
+  part of ``inferlab`` that the checks may rely on.
+
+Besides the exercises, a notebook gets *flags*, each naming its cell: statements that rewrite
+the checks or any imported module (read from the source, ``inferlab.course.scan``), a printed tag
+for a label the lab does not have (reported as unknown, never as a pass), and a printed
+``[PASS]`` that the grader's own check contradicts.
 
 Exit status:
-    0  every notebook ran to its end and every exercise passed;
-    1  every notebook ran to its end, but some exercise failed, was not attempted or did not run;
+    0  every notebook ran to its end, every exercise passed and nothing was flagged;
+    1  every notebook ran to its end, but some exercise did not pass or something was flagged;
     2  the command line was wrong (argparse's convention);
     3  some notebook could not be graded to its end: missing, unreadable, timed out, kernel died.
 
-Grading runs the submitted code with your permissions: grade untrusted submissions inside a
-container or a throwaway virtual machine. The tags are feedback, not proof: a learner can print
-a fake ``[PASS]`` line, so spot-check the executed notebooks (``--executed-dir``).
+Grading runs the submitted code with your permissions, and the grader's checks run in the
+submission's own Python process: grade untrusted submissions inside a container or a throwaway
+virtual machine. The instructor guide lists what the grader does and does not guarantee.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -56,10 +70,11 @@ from typing import Callable, Iterable
 
 from inferlab.course.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
 
-# What an exercise can come to.
-PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN = "passed", "failed", "not attempted", "not run"
+# What an exercise can come to (the same words as inferlab.course.verify's).
+PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN, FLAGGED = ("passed", "failed", "not attempted", "not run",
+                                                   "flagged")
 _TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED}
-_WORST_FIRST = {FAILED: 0, NOT_ATTEMPTED: 1, PASSED: 2}  # an exercise reported twice keeps its worst
+_WORST_FIRST = {FAILED: 0, NOT_ATTEMPTED: 1, PASSED: 2}  # an exercise printed twice keeps its worst
 
 # What a notebook's run can come to. Only COMPLETED means the notebook ran to its last cell.
 COMPLETED, TIMED_OUT, KERNEL_DIED = "completed", "timed out", "kernel died"
@@ -72,6 +87,9 @@ _TAG = re.compile("(" + "|".join(map(re.escape, _TAG_STATUS)) + rf") Exercise\s+
 _IMPORTS = (re.compile(r"^\s*from\s+inferlab\.course\.checks\s+import\s+(lab\w+)(?:\s+as\s+(\w+))?", re.M),
             re.compile(r"^\s*import\s+inferlab\.course\.checks\.(lab\w+)(?:\s+as\s+(\w+))?", re.M))
 _WORKER_GRACE_S = 90  # kernel start-up and shutdown on top of a notebook's own budget
+CHECK_BUDGET_S = 180  # seconds the grader's own checks may take after the notebook has run
+DEFAULT_MEMORY_GB = 8.0  # the worker's (and so its kernel's) data-segment limit
+_GRADING_TAG = "inferlab-grading"
 
 
 @dataclass
@@ -94,6 +112,7 @@ class NotebookResult:
     lab: str | None = None
     exercises: list[ExerciseResult] = field(default_factory=list)
     cell_errors: list[dict] = field(default_factory=list)  # {cell, ename, evalue}: every error
+    flags: list[dict] = field(default_factory=list)  # {cell (1-based or None), kind, message}
 
     def count(self, result: str) -> int:
         return sum(e.result == result for e in self.exercises)
@@ -104,7 +123,8 @@ class NotebookResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["counts"] = {r: self.count(r) for r in (PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN)}
+        out["counts"] = {r: self.count(r) for r in (PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN,
+                                                    FLAGGED)}
         return out
 
     @classmethod
@@ -230,23 +250,75 @@ def _why_not_run(nb, label: str, checks: dict[str, str], alias: str | None,
     return f"its check cell, {where}, ran but printed no [PASS], [FAIL] or [TODO] line"
 
 
+def _tag_flags(nb, tags: dict[str, tuple[str, str]], labels: list[str],
+               verdicts: dict[str, str] | None, module: str | None) -> list[dict]:
+    """Printed tags that count for nothing: labels the lab does not have, and passes the
+    grader's own checks contradict (one flag for all of those)."""
+    def printed_in(label: str) -> int | None:
+        return next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+            re.search(rf"\] Exercise\s+{re.escape(label)}(?![\w.])", t)
+            for o in c.get("outputs", []) for t in _texts(o))), None)
+
+    flags, contradicted = [], []
+    for label, (printed, _) in tags.items():
+        if label not in labels:
+            cell = printed_in(label)
+            where = _cell_name(nb, cell) if cell is not None else "a cell"
+            flags.append({"cell": None if cell is None else cell + 1, "kind": "unknown label",
+                          "message": f"{where} printed a {printed} tag for Exercise {label}, which "
+                                     f"{module or 'this lab'} does not have (its exercises: "
+                                     f"{', '.join(labels) or 'none'}); reported as unknown, "
+                                     "never counted"})
+        elif verdicts is not None and printed == PASSED and verdicts.get(label) != PASSED:
+            contradicted.append(f"{label} ({verdicts.get(label, NOT_RUN)})")
+    if contradicted:
+        flags.append({"cell": None, "kind": "contradicted pass",
+                      "message": "the notebook printed [PASS] for Exercise "
+                                 f"{', '.join(c.split()[0] for c in contradicted)}, but the "
+                                 f"grader's own checks found: {', '.join(contradicted)}"})
+    return flags
+
+
 def summarise(nb, path: str, run: str, detail: str, seconds: float,
-              stopped_at: int | None = None) -> NotebookResult:
-    """Turn an executed (or partly executed) notebook into a ``NotebookResult``."""
-    module, alias = find_check_module(c.source for c in nb.cells if c.cell_type == "code")
+              stopped_at: int | None = None, verdict: dict | None = None,
+              module: str | None = None, alias: str | None = None,
+              source_flags: list[dict] | None = None) -> NotebookResult:
+    """Turn an executed (or partly executed) notebook and the grader's own ``verdict`` (the
+    results of ``inferlab.course.verify``; None when the checks could not run) into a result.
+
+    Only the lab's own exercises are reported, and only the grader's checks decide them; the
+    tags the notebook printed serve for flags and, for exercises the grader could not check,
+    to explain why.
+    """
+    if module is None:
+        module, alias = find_check_module(c.source for c in nb.cells if c.cell_type == "code")
     checks = exercises_of(module) if module else {}
+    labels = list(dict.fromkeys(checks.values()))
     tags = read_tags(nb)
-    labels = list(dict.fromkeys([*checks.values(), *tags]))
     stop_reason = {TIMED_OUT: "the notebook ran out of time", KERNEL_DIED: "the kernel died",
                    GRADER_ERROR: "the run stopped on a grader error"}.get(run, "")
+    by_label = {e["exercise"]: e for e in (verdict or {}).get("exercises", [])}
     exercises = []
     for label in labels:
-        if label in tags:
-            result, message = tags[label]
+        found = by_label.get(label)
+        if found is None or found["result"] == NOT_RUN:
+            why = _why_not_run(nb, label, checks, alias, stopped_at, stop_reason)
+            if found is not None and " raised " not in why:  # the notebook's cells say nothing
+                why = found["message"] or why
+            exercises.append(ExerciseResult(label, NOT_RUN, why))
         else:
-            result = NOT_RUN
-            message = _why_not_run(nb, label, checks, alias, stopped_at, stop_reason)
-        exercises.append(ExerciseResult(label, result, message))
+            exercises.append(ExerciseResult(label, found["result"], found["message"]))
+    seen = {p for f in source_flags or [] for p in f.get("paths", [])}
+    found_at_run_time = [f for f in (verdict or {}).get("flags", [])  # unless the source said so
+                         if not any(f["message"].startswith(f"at run time, {p} ") for p in seen)]
+    flags = []
+    for f in [*(source_flags or []), *found_at_run_time]:
+        cell = f.get("cell")  # 0-based from scan and verify; reported 1-based with its text
+        flags.append({"cell": None if cell is None else cell + 1, "kind": f["kind"],
+                      "message": f["message"] if cell is None
+                      else f"{_cell_name(nb, cell)}: {f['message']}"})
+    flags += _tag_flags(nb, tags, labels, None if verdict is None else
+                        {e.exercise: e.result for e in exercises}, module)
     errors = _cell_errors(nb)
     others = [e for e in errors if e["ename"] != "CheckFailed"]
     if others:
@@ -255,17 +327,51 @@ def summarise(nb, path: str, run: str, detail: str, seconds: float,
         note = (f"{len(others)} cell(s) raised an error besides failed checks; first: cell "
                 f"{first['cell']}, {first['ename']}: {evalue}")
         detail = f"{detail}; {note}" if detail else note
-    return NotebookResult(path, run, detail, round(seconds, 1), module, exercises, errors)
+    return NotebookResult(path, run, detail, round(seconds, 1), module, exercises, errors, flags)
 
 
 # --- Running one notebook (inside a worker process) -------------------------------------------
 
+def identify_lab(nb) -> tuple[str | None, str | None]:
+    """``(check module, alias)``: from the cell that imports the checks, else (alias None) from
+    the title ``# Lab N: ...`` or the exercise cells ``# Exercise N.M: ...``."""
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    module, alias = find_check_module(sources)
+    if module is not None:
+        return module, alias
+    texts = [c.source for c in nb.cells]
+    for pattern in (r"^#\s*Lab\s+(\d+)\b", r"^\s*#\s*Exercises?\s+(\d+)\."):
+        for text in texts:
+            if (m := re.search(pattern, text, re.M)) and exercises_of(f"lab{int(m.group(1)):02d}"):
+                return f"lab{int(m.group(1)):02d}", None
+    return None, None
+
+
+def _grading_cell_source(params: dict) -> str:
+    """The last cell: ``inferlab.course.verify``'s text, executed in a namespace of its own, then
+    its ``run`` on the notebook's globals."""
+    from inferlab.course import verify
+
+    source = Path(verify.__file__).read_text(encoding="utf-8")
+    return ("def __inferlab_grading(user_ns):\n"
+            "    space = {'__name__': 'inferlab_grading'}\n"
+            f"    exec(compile({source!r}, '<inferlab grader>', 'exec'), space)\n"
+            f"    space['run'](user_ns, {params!r})\n"
+            "__inferlab_grading(globals())\n"
+            "del __inferlab_grading\n")
+
+
 def run_notebook(path: Path, timeout: float, kernel: str = "python3",
-                 executed_to: Path | None = None) -> NotebookResult:
-    """Execute one notebook in a fresh kernel within ``timeout`` seconds and grade it."""
+                 executed_to: Path | None = None,
+                 check_budget: float = CHECK_BUDGET_S) -> NotebookResult:
+    """Execute one notebook in a fresh kernel within ``timeout`` seconds, then run the lab's
+    checks on it in the same kernel (within ``check_budget`` seconds), and grade it."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    from inferlab.course import catalog, scan
+    from inferlab.course import checks as checks_package
 
     start = time.monotonic()
     name = str(path)
@@ -290,42 +396,94 @@ def run_notebook(path: Path, timeout: float, kernel: str = "python3",
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    module, alias = identify_lab(nb)
+    exercises = []
+    if module is not None:
+        names = catalog.exercise_names(module)
+        exercises = [{"check": fn, "name": names.get(fn, fn), "label": label}
+                     for fn, label in exercises_of(module).items()]
+    submitted = len(nb.cells)
+    if exercises:  # the grader's own checks, filled in when the notebook has run
+        nb.cells.append(nbformat.v4.new_code_cell("", metadata={"tags": [_GRADING_TAG]}))
 
+    workdir = Path(tempfile.mkdtemp(prefix="inferlab-grade-"))
+    (workdir / "tmp").mkdir()
+    verdict_dir: dict[str, Path] = {}
+    nonce = secrets.token_hex(16)
     deadline = start + timeout
     current: dict[str, int | None] = {"cell": None}
 
     def remaining(cell=None) -> int:
+        if cell is not None and _GRADING_TAG in cell.metadata.get("tags", []):
+            return max(1, math.ceil(check_budget))
         return max(1, math.ceil(deadline - time.monotonic()))
 
     async def on_cell_start(cell, cell_index):
         current["cell"] = cell_index
+        if cell_index == submitted:  # the submission has finished: open the private channel
+            verdict_dir["path"] = Path(tempfile.mkdtemp(prefix="inferlab-verdict-"))
+            cell.source = _grading_cell_source({
+                "nonce": nonce, "result_path": str(verdict_dir["path"] / "verdict.json"),
+                "checks_dir": str(Path(checks_package.__file__).resolve().parent),
+                "module": module, "alias": alias, "exercises": exercises, "cells": code})
 
-    workdir = tempfile.mkdtemp(prefix="inferlab-grade-")
+    env = {**os.environ, "TMPDIR": str(workdir / "tmp")}
     client = NotebookClient(
         nb, kernel_name=kernel, allow_errors=True, timeout_func=remaining,
         interrupt_on_timeout=False, shutdown_kernel="immediate", record_timing=False,
         startup_timeout=max(10, min(60, math.ceil(timeout))), on_cell_start=on_cell_start,
-        resources={"metadata": {"path": workdir}})
-    run, detail, stopped_at = COMPLETED, "", None
+        resources={"metadata": {"path": str(workdir)}})
+    run, detail, stopped_at, verdict = COMPLETED, "", None, None
     try:
-        client.execute()
+        client.execute(env=env)
     except CellTimeoutError:
         run, stopped_at = TIMED_OUT, current["cell"]
-        where = _cell_name(nb, stopped_at) if stopped_at is not None else "kernel start-up"
-        detail = f"ran out of its {timeout:g} s budget in {where}"
+        if stopped_at == submitted:
+            detail, stopped_at = f"the grader's checks ran out of their {check_budget:g} s", None
+        else:
+            where = _cell_name(nb, stopped_at) if stopped_at is not None else "kernel start-up"
+            detail = f"ran out of its {timeout:g} s budget in {where}"
     except DeadKernelError:
         run, stopped_at = KERNEL_DIED, current["cell"]
-        where = _cell_name(nb, stopped_at) if stopped_at is not None else "start-up"
-        detail = f"the kernel died in {where} (a crash, an exit() call, or out of memory)"
+        if stopped_at == submitted:
+            detail, stopped_at = "the kernel died while the grader's checks ran", None
+        else:
+            where = _cell_name(nb, stopped_at) if stopped_at is not None else "start-up"
+            detail = f"the kernel died in {where} (a crash, an exit() call, or out of memory)"
     except Exception as error:  # a kernel that will not start, a malformed cell, ...
         run, stopped_at = GRADER_ERROR, current["cell"]
         detail = f"{type(error).__name__}: {error}".splitlines()[0]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    grading = nb.cells[submitted:]
+    del nb.cells[submitted:]  # the executed notebook is the submission's, without our cell
+    if "path" in verdict_dir:
+        verdict, problem = _read_verdict(verdict_dir["path"] / "verdict.json", nonce, grading)
+        shutil.rmtree(verdict_dir["path"], ignore_errors=True)
+        if problem and run == COMPLETED:
+            run, detail = GRADER_ERROR, problem
     if executed_to is not None:
         executed_to.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(executed_to))
-    return summarise(nb, name, run, detail, time.monotonic() - start, stopped_at)
+    return summarise(nb, name, run, detail, time.monotonic() - start, stopped_at, verdict,
+                     module, alias, scan.source_flags(code))
+
+
+def _read_verdict(path: Path, nonce: str, grading_cells) -> tuple[dict | None, str]:
+    """The grader's results, if the file holds them with this run's nonce; else why not."""
+    try:
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        error = next((o for c in grading_cells for o in c.get("outputs", [])
+                      if o.get("output_type") == "error"), None)
+        why = f": {error.get('ename')}: {error.get('evalue')}" if error else ""
+        return None, f"the grader's checks wrote no result{why}"
+    if not isinstance(verdict, dict) or verdict.get("nonce") != nonce:
+        return None, "the grader's result file does not carry this run's nonce: not trusted"
+    if verdict.get("error"):
+        return None, f"the grader's checks could not run: {verdict['error']}"
+    return verdict, ""
 
 
 # --- Running many notebooks (in the parent process) -------------------------------------------
@@ -335,47 +493,74 @@ def _executed_name(folder: Path, index: int, path: Path) -> Path:
 
 
 def _grade_in_worker(index: int, path: Path, timeout: float, kernel: str, env: dict,
-                     executed_dir: Path | None) -> NotebookResult:
+                     executed_dir: Path | None, memory_gb: float) -> NotebookResult:
+    """One notebook in a worker process whose working directory is a fresh, private temporary
+    directory and which is told about this notebook only."""
     with tempfile.TemporaryDirectory(prefix="inferlab-grade-") as tmp:
         result_file = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "inferlab.course.grade", str(path), "--timeout", str(timeout),
-               "--kernel", kernel, "--_worker-result", str(result_file)]
+        workdir = Path(tmp) / "work"
+        workdir.mkdir()
+        cmd = [sys.executable, "-m", "inferlab.course.grade", str(path.resolve()), "--timeout",
+               str(timeout), "--kernel", kernel, "--memory-gb", str(memory_gb),
+               "--_worker-result", str(result_file)]
         if executed_dir is not None:
-            cmd += ["--executed-dir", str(_executed_name(executed_dir, index, path))]
+            cmd += ["--executed-dir", str(_executed_name(executed_dir.resolve(), index, path))]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
         try:
-            _, stderr = proc.communicate(timeout=timeout + _WORKER_GRACE_S)
+            _, stderr = proc.communicate(timeout=timeout + CHECK_BUDGET_S + _WORKER_GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             return NotebookResult(str(path), TIMED_OUT,
                                   f"the grading worker did not finish within {timeout:g} s plus "
-                                  f"{_WORKER_GRACE_S} s and was killed",
+                                  f"{CHECK_BUDGET_S + _WORKER_GRACE_S} s and was killed",
                                   round(time.monotonic() - start, 1))
         if result_file.is_file():
-            return NotebookResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
+            result = NotebookResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
+            result.notebook = str(path)
+            return result
         last = (stderr or b"").decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         return NotebookResult(str(path), GRADER_ERROR,
                               f"the grading worker exited with status {proc.returncode}: {last[0]}",
                               round(time.monotonic() - start, 1))
 
 
+def limit_memory(gigabytes: float) -> None:
+    """Cap this process's data segment (heap and private mappings), and so its children's: an
+    allocation beyond it fails with MemoryError instead of taking the machine down. 0: no cap."""
+    if gigabytes > 0:
+        import resource
+
+        limit = int(gigabytes * 2**30)
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
 def grade(paths: Iterable[str | Path], timeout: float = 600, jobs: int = 1,
           kernel: str = "python3", profile: str | None = None,
           executed_dir: str | Path | None = None,
-          progress: Callable[[int, int, NotebookResult], None] | None = None) -> list[NotebookResult]:
+          progress: Callable[[int, int, NotebookResult], None] | None = None,
+          memory_gb: float = DEFAULT_MEMORY_GB) -> list[NotebookResult]:
     """Grade each notebook in its own worker process; results in the order of ``paths``.
 
     ``jobs`` notebooks run at once (on a small machine keep 1: the labs time things, and two
     kernels share the cores; with more than one, each kernel gets ``OMP_NUM_THREADS`` = cores /
-    jobs unless you set it). ``profile`` sets ``INFERLAB_PROFILE`` for the kernels.
+    jobs unless you set it). ``profile`` sets ``INFERLAB_PROFILE`` for the kernels;
+    ``memory_gb`` caps each worker and its kernel (0: no cap).
     """
     paths = [Path(p) for p in paths]
-    if timeout <= 0 or jobs < 1:
-        raise ValueError(f"timeout must be positive and jobs at least 1, got {timeout}, {jobs}")
+    if timeout <= 0 or jobs < 1 or memory_gb < 0:
+        raise ValueError(f"timeout must be positive, jobs at least 1 and memory_gb not negative, "
+                         f"got {timeout}, {jobs}, {memory_gb}")
     env = dict(os.environ)
+    # The workers and kernels import the same inferlab as this process, wherever they start.
+    here = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     if profile:
         env["INFERLAB_PROFILE"] = profile
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
@@ -385,7 +570,7 @@ def grade(paths: Iterable[str | Path], timeout: float = 600, jobs: int = 1,
     lock = threading.Lock()
 
     def one(index: int) -> None:
-        result = _grade_in_worker(index, paths[index], timeout, kernel, env, executed)
+        result = _grade_in_worker(index, paths[index], timeout, kernel, env, executed, memory_gb)
         with lock:
             results[index] = result
             if progress:
@@ -397,10 +582,11 @@ def grade(paths: Iterable[str | Path], timeout: float = 600, jobs: int = 1,
 
 
 def exit_status(results: list[NotebookResult]) -> int:
-    """0 all passed, 1 some exercise not passed, 3 some notebook not graded to its end."""
+    """0 all passed and nothing flagged, 1 some exercise not passed or something flagged,
+    3 some notebook not graded to its end."""
     if any(not r.graded_to_end for r in results):
         return EXIT_NOT_GRADED
-    if any(e.result != PASSED for r in results for e in r.exercises):
+    if any(e.result != PASSED for r in results for e in r.exercises) or any(r.flags for r in results):
         return EXIT_NOT_ALL_PASSED
     return EXIT_ALL_PASSED
 
@@ -423,7 +609,8 @@ def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset
 
 
 def format_text(results: list[NotebookResult]) -> str:
-    """The two tables a person reads: one row a notebook, then one row an exercise."""
+    """The two tables a person reads, one row a notebook and one row an exercise, with the
+    notes on how runs ended and the flags between them."""
     rows = []
     for r in results:
         total = len(r.exercises)
@@ -435,6 +622,11 @@ def format_text(results: list[NotebookResult]) -> str:
     notes = [f"  {r.notebook}: {r.run}: {_one_line(r.detail)}" for r in results if r.detail]
     if notes:
         out.append("Notes:\n" + "\n".join(notes))
+    flags = [f"  {r.notebook}: {f['kind']}: {_one_line(f['message'])}"
+             for r in results for f in r.flags]
+    if flags:
+        out.append("Flags (each needs a look; a flagged exercise is not passed):\n"
+                   + "\n".join(flags))
     ex_rows = [[r.notebook, e.exercise, e.result, _one_line(e.message)]
                for r in results for e in r.exercises]
     if ex_rows:
@@ -442,7 +634,8 @@ def format_text(results: list[NotebookResult]) -> str:
     return "\n\n".join(out) + "\n"
 
 
-CSV_FIELDS = ["notebook", "run", "detail", "seconds", "lab", "exercise", "result", "message"]
+CSV_FIELDS = ["notebook", "run", "detail", "seconds", "lab", "exercise", "result", "message",
+              "flags"]
 
 
 def format_csv(results: list[NotebookResult]) -> str:
@@ -452,7 +645,8 @@ def format_csv(results: list[NotebookResult]) -> str:
     writer.writeheader()
     for r in results:
         base = {"notebook": r.notebook, "run": r.run, "detail": r.detail, "seconds": r.seconds,
-                "lab": r.lab or ""}
+                "lab": r.lab or "",
+                "flags": " | ".join(f"{f['kind']}: {f['message']}" for f in r.flags)}
         for e in r.exercises or [ExerciseResult("", "", "")]:
             writer.writerow({**base, "exercise": e.exercise, "result": e.result,
                              "message": e.message})
@@ -467,11 +661,12 @@ def format_json(results: list[NotebookResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inferlab.course.grade",
-        description="Run submitted lab notebooks headless and report, per notebook and per "
-                    "exercise, passed / failed (with the check's message) / not attempted / "
-                    "not run.",
-        epilog="Exit status: 0 all passed; 1 all notebooks ran but some exercise did not pass; "
-               "2 bad usage; 3 some notebook could not be graded to its end.")
+        description="Run submitted lab notebooks headless, then run each lab's checks on them "
+                    "yourself, and report, per notebook and per exercise, passed / failed (with "
+                    "the check's message) / not attempted / not run / flagged.",
+        epilog="Exit status: 0 all passed and nothing flagged; 1 all notebooks ran but some "
+               "exercise did not pass or something was flagged; 2 bad usage; 3 some notebook "
+               "could not be graded to its end.")
     parser.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -486,14 +681,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
     parser.add_argument("--executed-dir", default=None, metavar="DIR",
                         help="also save each executed notebook in DIR, to read its outputs")
+    parser.add_argument("--memory-gb", type=float, default=DEFAULT_MEMORY_GB,
+                        help="memory each notebook's worker and kernel may allocate, in GiB "
+                             f"(default {DEFAULT_MEMORY_GB:g}; 0 for no limit)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--_worker-result", dest="worker_result", default=None,
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.jobs < 1:
-        parser.error("--timeout must be positive and --jobs at least 1")
+    if args.timeout <= 0 or args.jobs < 1 or args.memory_gb < 0:
+        parser.error("--timeout must be positive, --jobs at least 1, --memory-gb not negative")
 
     if args.worker_result:  # inside a worker: one notebook, result as JSON in a file
+        limit_memory(args.memory_gb)
         executed = Path(args.executed_dir) if args.executed_dir else None
         result = run_notebook(Path(args.notebooks[0]), args.timeout, args.kernel, executed)
         Path(args.worker_result).write_text(json.dumps(result.to_dict()), encoding="utf-8")
@@ -501,12 +700,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(done: int, total: int, r: NotebookResult) -> None:
         if not args.quiet:
+            flagged = f", {len(r.flags)} flag(s)" if r.flags else ""
             print(f"[{done}/{total}] {r.notebook}: {r.run}, {r.count(PASSED)} of "
-                  f"{len(r.exercises)} exercises passed ({r.seconds:.1f} s)", file=sys.stderr,
-                  flush=True)
+                  f"{len(r.exercises)} exercises passed{flagged} ({r.seconds:.1f} s)",
+                  file=sys.stderr, flush=True)
 
     results = grade(args.notebooks, timeout=args.timeout, jobs=args.jobs, kernel=args.kernel,
-                    profile=args.profile, executed_dir=args.executed_dir, progress=progress)
+                    profile=args.profile, executed_dir=args.executed_dir, progress=progress,
+                    memory_gb=args.memory_gb)
     if args.json:
         sys.stdout.write(format_json(results))
     elif args.csv:
