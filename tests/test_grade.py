@@ -51,7 +51,7 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
     assert "(m * k + k * n + m * n)" in wrong.cells[i].source
     wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
     syntax.cells[i].source = syntax.cells[i].source.replace("return flops / moved", "return flops / (moved")
-    first = _cell_of(loop, "Exercise 1.1")
+    first = _cell_of(loop, "Exercise 1.1a")
     loop.cells[first].source = loop.cells[first].source.replace(
         "return peak_flops / bandwidth", "while True:\n        pass")
     crash.cells[first].source = crash.cells[first].source.replace(
