@@ -224,3 +224,170 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         grade.main(["x.ipynb", "--timeout", "0"])
     assert exc.value.code == grade.EXIT_USAGE
+
+
+# Forging routes: each must fail to pass. The submissions are Lab 1 cut down to its imports,
+# exercises and check cells (a forger may delete anything), graded in one call.
+
+LABELS = grade.exercises_of("lab01")  # {check function: label}
+REFERENCE_CALLS = {
+    "ridge_point": "formulas.ridge_point(peak_flops, bandwidth)",
+    "decode_time_floor": "formulas.decode_time_floor(bytes_per_token, bandwidth)",
+    "matmul_intensity": "formulas.matmul_intensity(m, n, k, bytes_per_element)",
+    "critical_batch": "formulas.critical_batch_size(peak_flops, bandwidth, bytes_per_element)",
+    "bandwidth_utilisation": "formulas.bandwidth_utilisation(bytes_per_token, seconds_per_token, "
+                             "bandwidth)"}
+CHECK_LINE = re.compile(r"^\w+ = check\.\w+\(\w+\)$", re.M)
+
+
+def _cut_down(lab):
+    nb = copy.deepcopy(lab)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    keep = []
+    for i, cell in enumerate(nb.cells):
+        if i in code[:2] or cell.source.lstrip().startswith("# Exercise"):
+            keep.append(cell)
+        elif cell.cell_type == "code" and CHECK_LINE.search(cell.source):
+            cell.source = "\n".join(CHECK_LINE.findall(cell.source))
+            keep.append(cell)
+    nb.cells = keep
+    return nb
+
+
+def _after_imports(nb, source):
+    nb.cells.insert(2, nbformat.v4.new_code_cell(source))
+    return 3  # the 1-based number of the inserted cell
+
+
+@pytest.fixture(scope="module")
+def forged(root, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("forged")
+    lab = _cut_down(nbformat.read(root / "labs" / LAB, as_version=4))
+    solution = _cut_down(nbformat.read(root / "solutions" / LAB, as_version=4))
+    made, cells = {}, {}
+
+    nb = copy.deepcopy(lab)  # 1. a printed pass for a label the lab does not have
+    cells["unknown_label"] = _after_imports(
+        nb, 'print("[PASS] Exercise 1.1: ridge_point and decode_time_floor are correct.")')
+    made["unknown_label"] = nb
+
+    nb = copy.deepcopy(lab)  # 2. the check functions replaced by ones that print a pass
+    cells["rebound_checks"] = _after_imports(nb, "\n".join(
+        f'check.{fn} = lambda f: (print("[PASS] Exercise {label}: {fn} is correct."), f)[1]'
+        for fn, label in LABELS.items()))
+    made["rebound_checks"] = nb
+
+    nb = copy.deepcopy(lab)  # 3. the check cells deleted and the tags printed instead
+    nb.cells = [c for c in nb.cells if not CHECK_LINE.search(c.source)]
+    _after_imports(nb, "\n".join(f'print("[PASS] Exercise {label}: {fn} is correct.")'
+                                 for fn, label in LABELS.items()))
+    made["printed_tags"] = nb
+
+    nb = copy.deepcopy(lab)  # 4. every exercise body returns the package's reference
+    for cell in nb.cells:
+        for fn, call in REFERENCE_CALLS.items():
+            cell.source = re.sub(rf"(def {fn}\(.*\n(?:.*\n)*?)(\s+)raise NotImplementedError\(.*\)",
+                                 lambda m, call=call: f"{m.group(1)}{m.group(2)}return {call}",
+                                 cell.source)
+    assert sum(c.source.count("return formulas.") for c in nb.cells) == len(LABELS)
+    made["returns_reference"] = nb
+
+    nb = copy.deepcopy(solution)  # 5. an exercise that IS the reference, imported under its name
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("# Exercise 1.2:"))
+    nb.cells[i].source = "# Exercise 1.2: arithmetic intensity of a matmul.\n" \
+                         "from inferlab.analysis.formulas import matmul_intensity"
+    cells["is_reference"] = i + 1
+    made["is_reference"] = nb
+
+    nb = copy.deepcopy(solution)  # 6. a wrong answer, and the oracle patched to agree with it
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("# Exercise 1.2:"))
+    nb.cells[i].source = nb.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
+    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(
+        "formulas.matmul_intensity = matmul_intensity"))
+    cells["patched_oracle"] = i + 2
+    made["patched_oracle"] = nb
+
+    # 7. not a forgery: where it runs and what it may allocate
+    probe = nbformat.v4.new_notebook()
+    probe.cells = [nbformat.v4.new_code_cell(
+        "import os, tempfile\n"
+        "assert not [f for f in os.listdir('.') if f.endswith('.ipynb')], os.listdir('.')\n"
+        f"assert {str(folder)!r} not in os.getcwd()\n"
+        "assert tempfile.gettempdir().startswith(os.getcwd()), tempfile.gettempdir()"),
+        nbformat.v4.new_code_cell("hog = bytearray(3 * 2**30)")]
+    made["probe"] = probe
+
+    paths = {}
+    for name, nb in made.items():
+        paths[name] = folder / f"{name}.ipynb"
+        nbformat.write(nb, paths[name])
+    code, report, _ = _grade_cli(list(paths.values()), "--timeout", "120", "--jobs", "2",
+                                 "--memory-gb", "2.5", cwd=tmp_path_factory.mktemp("grading"))
+    results = [grade.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    return code, dict(zip(paths, results)), cells
+
+
+def _flags(result, kind):
+    return [f for f in result.flags if f["kind"] == kind]
+
+
+def test_a_printed_pass_for_a_label_the_lab_lacks_is_unknown(forged):
+    code, results, cells = forged
+    r = results["unknown_label"]
+    assert r.run == grade.COMPLETED
+    assert [e.exercise for e in r.exercises] == list(LABELS.values())  # no "1.1" row
+    assert all(e.result == grade.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "unknown label")
+    assert flag["cell"] == cells["unknown_label"] and "Exercise 1.1," in flag["message"]
+    assert code != grade.EXIT_ALL_PASSED
+
+
+def test_rebinding_the_check_functions_passes_nothing_and_is_flagged(forged):
+    r = forged[1]["rebound_checks"]
+    assert r.count(grade.PASSED) == 0
+    assert all(e.result == grade.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "rebinds checks")
+    assert flag["cell"] == forged[2]["rebound_checks"] and "check.ridge_point" in flag["message"]
+    assert _flags(r, "contradicted pass")
+
+
+def test_deleted_check_cells_and_printed_tags_pass_nothing(forged):
+    r = forged[1]["printed_tags"]
+    assert r.count(grade.PASSED) == 0
+    assert all(e.result == grade.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "contradicted pass")
+    assert all(label in flag["message"] for label in LABELS.values())
+
+
+def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
+    r = forged[1]["returns_reference"]
+    assert all(e.result == grade.FLAGGED for e in r.exercises), r.exercises
+    assert all("calls inferlab's reference implementation" in e.message for e in r.exercises)
+    flagged = _flags(r, "uses reference")
+    assert len(flagged) == len(LABELS)
+    assert all(re.search(r'cell \d+ \("# Exercise 1\.', f["message"]) for f in flagged)
+
+
+def test_an_exercise_that_is_the_reference_is_flagged(forged):
+    r = forged[1]["is_reference"]
+    ex = _by_label(r)
+    assert ex["1.2"].result == grade.FLAGGED and "is inferlab's reference" in ex["1.2"].message
+    [flag] = _flags(r, "uses reference")
+    assert flag["cell"] == forged[2]["is_reference"]
+    assert {k for k, e in ex.items() if e.result == grade.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
+
+
+def test_a_patched_oracle_fails_the_wrong_answer_and_flags_the_rest(forged):
+    r = forged[1]["patched_oracle"]
+    ex = _by_label(r)
+    assert ex["1.2"].result == grade.FLAGGED, ex["1.2"]
+    assert all(e.result == grade.FLAGGED for e in r.exercises)  # no verdict can be trusted
+    [flag] = _flags(r, "patches inferlab")
+    assert flag["cell"] == forged[2]["patched_oracle"]
+    assert "inferlab.analysis.formulas.matmul_intensity" in flag["message"]
+
+
+def test_each_notebook_runs_alone_in_a_fresh_directory_under_a_memory_limit(forged):
+    r = forged[1]["probe"]
+    assert r.run == grade.COMPLETED and r.exercises == [] and r.lab is None
+    assert [e["ename"] for e in r.cell_errors] == ["MemoryError"], r.cell_errors
