@@ -56,7 +56,7 @@ def test_a_benchmark_joins_with_one_entry_and_its_arguments_are_checked(monkeypa
     parts = gpu_suite.plan("large-gpu", "bfloat16", tmp_path, "x", "2030-01-01")
     assert parts[-1].name == "kv_cache" and parts[-1].command[-2] == "--json"
     assert len(gpu_suite.check_plumbing(tmp_path)) == 3
-    typo = gpu_suite.Benchmark("kv_cache", "--json", 5, "--context 8", "a misspelt option")
+    typo = gpu_suite.Benchmark("kv_cache", "--json", 5, "--cotnexts 8", "a misspelt option")
     monkeypatch.setattr(gpu_suite, "BENCHMARKS", (*gpu_suite.BENCHMARKS[:-1], typo))
     with pytest.raises(ValueError, match="kv_cache rejects"):
         gpu_suite.check_plumbing(tmp_path)
