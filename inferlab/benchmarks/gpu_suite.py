@@ -67,15 +67,16 @@ BENCHMARKS = (
               "--context {context} --heads 32 --head-dim 128 --min-run-time 0.3",
               "the Triton paged kernel against contiguous attention"),
     Benchmark("batching", "--out", 65, "--profile {profile} --dtype {dtype} --model {serve_model} "
-              "--requests {requests}", "static against continuous batching; simulator error"),
+              "--requests {requests} --scale {scale}", "static against continuous batching; "
+              "simulator error"),
 )
 
 # The sizes each GPU profile gives the benchmarks' arguments.
 SIZES = {
     "large-gpu": dict(decode_model="llama-2-7b", batch=32, context=2048, serve_model="small",
-                      requests=128),
+                      requests=128, scale=0.5),
     "small-gpu": dict(decode_model="medium", batch=16, context=1024, serve_model="small",
-                      requests=64),
+                      requests=64, scale=0.25),
 }
 
 # Seconds each solved lab may take under a GPU profile (kernel start and the grader's checks
@@ -112,6 +113,19 @@ def gpu_dtype(profile: str) -> str:
     if profile == "small-gpu" or not torch.cuda.is_available():
         return "float16" if profile == "small-gpu" else "bfloat16"
     return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
+
+
+def _own_gpu_profile() -> str:
+    """This GPU's profile, whatever ``INFERLAB_PROFILE`` says (the suite's parts get the
+    profile they run under from the suite)."""
+    from inferlab.device import choose_profile
+
+    saved = os.environ.pop("INFERLAB_PROFILE", None)
+    try:
+        return choose_profile("cuda").name
+    finally:
+        if saved is not None:
+            os.environ["INFERLAB_PROFILE"] = saved
 
 
 def plan(profile: str, dtype: str, out: Path, slug: str, date: str) -> list[Part]:
@@ -319,13 +333,12 @@ def main(argv=None) -> int:
     import torch
 
     from inferlab.analysis.hardware import detect_device
-    from inferlab.device import choose_profile
     from inferlab.measurements import driver_version, git_commit
 
     start = time.monotonic()
     out = (args.out or Path("gpu-suite")).resolve()
     cuda = torch.cuda.is_available()
-    profile = args.profile or (choose_profile("cuda").name if cuda else "large-gpu")
+    profile = args.profile or (_own_gpu_profile() if cuda else "large-gpu")
     dtype = gpu_dtype(profile)
     info = detect_device("cuda" if cuda else "cpu")
     slug = "".join(c if c.isalnum() else "-" for c in info.name.lower()).strip("-")
