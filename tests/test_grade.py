@@ -181,7 +181,8 @@ def test_text_and_csv_reports(full_runs):
     results = list(full_runs[2].values())
     text = grade.format_text(results)
     assert text.splitlines()[0].split() == ["notebook", "run", "lab", "passed", "failed", "not",
-                                            "attempted", "not", "run", "seconds"]
+                                            "attempted", "not", "run", "flagged", "flags",
+                                            "seconds"]
     assert "not JSON" in text and "[FAIL] Exercise 1.2" in text
     rows = list(__import__("csv").DictReader(grade.format_csv(results).splitlines()))
     assert len(rows) == 4 * 5 + 1  # five exercises for each run lab, one row for the non-notebook

@@ -616,9 +616,9 @@ def format_text(results: list[NotebookResult]) -> str:
         total = len(r.exercises)
         rows.append([r.notebook, r.run, r.lab or "-", f"{r.count(PASSED)}/{total}",
                      str(r.count(FAILED)), str(r.count(NOT_ATTEMPTED)), str(r.count(NOT_RUN)),
-                     f"{r.seconds:.1f}"])
+                     str(r.count(FLAGGED)), str(len(r.flags)), f"{r.seconds:.1f}"])
     out = [_table(["notebook", "run", "lab", "passed", "failed", "not attempted", "not run",
-                   "seconds"], rows, right={3, 4, 5, 6, 7})]
+                   "flagged", "flags", "seconds"], rows, right={3, 4, 5, 6, 7, 8, 9})]
     notes = [f"  {r.notebook}: {r.run}: {_one_line(r.detail)}" for r in results if r.detail]
     if notes:
         out.append("Notes:\n" + "\n".join(notes))
