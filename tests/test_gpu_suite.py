@@ -10,7 +10,7 @@ import torch
 
 from inferlab.analysis.hardware import detect_device
 from inferlab.benchmarks import gpu_suite
-from inferlab.course import catalog, grade
+from inferlab.course import catalog, results
 
 
 def test_without_cuda_every_part_is_skipped_saying_why_and_a_summary_is_written(tmp_path, root):
@@ -94,22 +94,22 @@ def test_a_benchmark_part_reads_its_record_and_a_failure_says_why(tmp_path):
 
 
 def _report(run, passed, errors=()):
-    exercises = [grade.ExerciseResult(str(i), grade.PASSED if i < passed else grade.FAILED)
+    exercises = [results.ExerciseResult(str(i), results.PASSED if i < passed else results.FAILED)
                  for i in range(3)]
-    nb = grade.NotebookResult("solutions/x.ipynb", run, "", 12.5, "lab01", exercises, list(errors))
+    nb = results.NotebookResult("solutions/x.ipynb", run, "", 12.5, "lab01", exercises, list(errors))
     return json.dumps({"exit_status": 0, "notebooks": [nb.to_dict()]})
 
 
 def test_a_lab_passes_only_when_it_ran_to_the_end_without_an_error(tmp_path):
     ok = gpu_suite.Part("lab", "01_roofline", 60, [])
-    gpu_suite._read_lab(ok, _report(grade.COMPLETED, 3))
+    gpu_suite._read_lab(ok, _report(results.COMPLETED, 3))
     assert ok.status == "passed" and ok.results["passed"] == 3
     error = {"cell": 7, "ename": "OutOfMemoryError", "evalue": "CUDA out of memory"}
     bad = gpu_suite.Part("lab", "02_kv_cache", 60, [])
-    gpu_suite._read_lab(bad, _report(grade.COMPLETED, 3, [error]))
+    gpu_suite._read_lab(bad, _report(results.COMPLETED, 3, [error]))
     assert bad.status == "failed" and "cell 7 raised OutOfMemoryError" in bad.detail
     short = gpu_suite.Part("lab", "04_batching", 60, [])
-    gpu_suite._read_lab(short, _report(grade.TIMED_OUT, 1))
+    gpu_suite._read_lab(short, _report(results.TIMED_OUT, 1))
     assert short.status == "failed" and "1/3" in short.detail
     garbled = gpu_suite.Part("lab", "03_paged_attention", 60, [])
     gpu_suite._read_lab(garbled, "Traceback: nothing useful")

@@ -18,7 +18,7 @@ import shutil
 import nbformat
 import pytest
 
-from inferlab.course import catalog, grade
+from inferlab.course import catalog, results
 
 ROLE = re.compile(r"\{[A-Za-z][\w:+-]*\}`|^\s*(?:```|:::)\{[\w-]+\}|^\s*\([\w-]+\)=\s*$", re.M)
 LABEL = r"\d+\.\d+[a-z]?"
@@ -75,7 +75,7 @@ def printed_labels(module: str) -> dict[str, str]:
         raise NotImplementedError
 
     out = {}
-    for function in grade.exercises_of(module):
+    for function in results.exercises_of(module):
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             getattr(checks, function)(not_attempted)
@@ -86,7 +86,7 @@ def printed_labels(module: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.stem)
 def test_one_set_of_exercise_labels_per_lab(root, lab):
-    labels = grade.exercises_of(lab.check_module)  # what the grader and the guide list
+    labels = results.exercises_of(lab.check_module)  # what the grader and the guide list
     assert labels and len(set(labels.values())) == len(labels)
     assert printed_labels(lab.check_module) == labels, "the tags the checks print"
     # Every check is called by a check cell of the lab, which is what the grader checks.
@@ -109,7 +109,7 @@ def test_one_set_of_exercise_labels_per_lab(root, lab):
 
 def test_the_instructor_guide_names_only_labels_the_labs_have(root):
     known = {label for lab in catalog.labs(root) for label in
-             grade.exercises_of(lab.check_module).values()}
+             results.exercises_of(lab.check_module).values()}
     guide = (root / "book" / "instructor_guide.md").read_text(encoding="utf-8")
     prose = re.sub(r"```.*?```", "", guide, flags=re.S)  # not the grader's sample output
     assert mentioned_labels(prose) and mentioned_labels(prose) <= known

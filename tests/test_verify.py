@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 import inferlab
-from inferlab.course import catalog, grade, verify
+from inferlab.course import catalog, results, verify
 
 CHECKS_DIR = str(Path(verify.__file__).resolve().parent / "checks")
 LABS = catalog.labs()
@@ -22,7 +22,7 @@ LABS = catalog.labs()
 def _exercises(module):
     names = catalog.exercise_names(module)
     return [{"check": fn, "name": names[fn], "label": label}
-            for fn, label in grade.exercises_of(module).items()]
+            for fn, label in results.exercises_of(module).items()]
 
 
 def _namespace(lab):

@@ -72,7 +72,7 @@ def _title(path: Path) -> str:
 
 def labs(root: Path = ROOT) -> list[Lab]:
     """Every lab in ``labs/``, in order of its number."""
-    from inferlab.course.grade import find_check_module
+    from inferlab.course.results import find_check_module
 
     import nbformat
 
@@ -99,7 +99,7 @@ def exercise_names(module: str, root: Path = ROOT) -> dict[str, str]:
     """
     import nbformat
 
-    from inferlab.course.grade import exercises_of, find_check_module
+    from inferlab.course.results import exercises_of, find_check_module
 
     names = {fn: fn for fn in exercises_of(module)}
     for lab in labs(root):

@@ -1,7 +1,7 @@
 """The grader's own checks, run inside a submission's kernel after the submission has finished.
 
-``inferlab.course.grade`` executes a submitted notebook and then sends this file's text to the same
-kernel as one last cell, which calls ``run(globals(), params)``. The verdict comes from here,
+``inferlab.course.runner`` executes a submitted notebook and then sends this file's text to the
+same kernel as one last cell, which calls ``run(globals(), params)``. The verdict comes from here,
 never from what the notebook printed:
 
 1. **Fresh checks.** The lab's check module (``inferlab/course/checks/labNN.py``) and the module
@@ -27,9 +27,11 @@ never from what the notebook printed:
    finished, named only in this cell, together with a random nonce the grader checks.
 
 Everything runs in the learner's process, so code written to subvert Python itself (patching the
-interpreter, the standard library or torch) is out of reach; ``grade`` also flags, by reading the
-source, cells that assign to attributes of imported modules. The instructor guide says what that
-does and does not guarantee.
+interpreter, the standard library or torch) is out of reach; ``inferlab.course.scan`` also flags,
+by reading the source, cells that assign to attributes of imported modules. The instructor guide
+says what that does and does not guarantee. The file imports nothing from ``inferlab``, and is
+longer than the package's other modules for that reason: in the kernel, anything it imported
+from there would come from modules the notebook could have rewritten.
 """
 
 from __future__ import annotations
