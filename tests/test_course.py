@@ -2,7 +2,7 @@
 
 import textwrap
 
-from inferlab.course import catalog, grade
+from inferlab.course import catalog, results
 
 
 def test_toc_parts_and_files(root):
@@ -23,7 +23,7 @@ def test_every_lab_has_a_solution_a_check_module_and_hints(root):
         assert lab.title and not lab.title.startswith("Lab")
         checks = catalog.check_summaries(lab.check_module, root)
         # The grader and the guide agree on which exercises a lab has.
-        assert [c.exercise for c in checks] == list(grade.exercises_of(lab.check_module).values())
+        assert [c.exercise for c in checks] == list(results.exercises_of(lab.check_module).values())
         assert any(c.hints for c in checks), lab.check_module
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from inferlab.course import grade
+from inferlab.course import grade, runner
+from inferlab.course import results as outcome
 
 LAB = "01_roofline.ipynb"
 WRONG = "Exercise 1.2"  # planted bug: leave the output matrix out of the bytes moved
@@ -51,7 +52,7 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
     assert "(m * k + k * n + m * n)" in wrong.cells[i].source
     wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
     syntax.cells[i].source = syntax.cells[i].source.replace("return flops / moved", "return flops / (moved")
-    first = _cell_of(loop, "Exercise 1.1")
+    first = _cell_of(loop, "Exercise 1.1a")
     loop.cells[first].source = loop.cells[first].source.replace(
         "return peak_flops / bandwidth", "while True:\n        pass")
     crash.cells[first].source = crash.cells[first].source.replace(
@@ -90,7 +91,7 @@ def full_runs(planted, tmp_path_factory):
     names = ["correct", "wrong", "unattempted", "syntax", "notjson"]
     code, report, _ = _grade_cli([planted[n] for n in names], "--timeout", "400", "--jobs", "2",
                                  cwd=tmp_path_factory.mktemp("grading"))
-    results = [grade.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
     return code, report, dict(zip(names, results))
 
 
@@ -100,7 +101,7 @@ def short_runs(planted, tmp_path_factory):
     names = ["loop", "crash", "notjson"]
     code, report, seconds = _grade_cli([planted[n] for n in names], "--timeout", str(LOOP_TIMEOUT_S),
                                        cwd=tmp_path_factory.mktemp("grading"))
-    results = [grade.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
     return code, seconds, dict(zip(names, results))
 
 
@@ -109,49 +110,49 @@ def _by_label(result):
 
 
 def test_exercise_labels_come_from_the_check_module():
-    labels = grade.exercises_of("lab01")
+    labels = outcome.exercises_of("lab01")
     assert labels == {"ridge_point": "1.1a", "decode_time_floor": "1.1b",
                       "matmul_intensity": "1.2", "critical_batch": "1.3",
                       "bandwidth_utilisation": "1.4"}
-    assert grade.exercises_of("lab99") == {} and grade.exercises_of("../grade") == {}
+    assert outcome.exercises_of("lab99") == {} and outcome.exercises_of("../grade") == {}
 
 
 def test_all_correct(full_runs):
     r = full_runs[2]["correct"]
-    assert r.run == grade.COMPLETED and r.lab == "lab01"
-    assert [e.exercise for e in r.exercises] == list(grade.exercises_of("lab01").values())
-    assert all(e.result == grade.PASSED for e in r.exercises), r.exercises
+    assert r.run == outcome.COMPLETED and r.lab == "lab01"
+    assert [e.exercise for e in r.exercises] == list(outcome.exercises_of("lab01").values())
+    assert all(e.result == outcome.PASSED for e in r.exercises), r.exercises
     assert r.cell_errors == []
     assert grade.exit_status([r]) == grade.EXIT_ALL_PASSED
 
 
 def test_one_wrong_exercise_carries_the_checks_message(full_runs):
     r = full_runs[2]["wrong"]
-    assert r.run == grade.COMPLETED
+    assert r.run == outcome.COMPLETED
     ex = _by_label(r)
-    assert ex["1.2"].result == grade.FAILED
+    assert ex["1.2"].result == outcome.FAILED
     assert ex["1.2"].message.startswith("[FAIL] Exercise 1.2 (matmul_intensity)")
     assert "Hint: you left out the bytes of the output C" in ex["1.2"].message
-    assert all(e.result == grade.PASSED for k, e in ex.items() if k != "1.2")
+    assert all(e.result == outcome.PASSED for k, e in ex.items() if k != "1.2")
     assert grade.exit_status([full_runs[2]["correct"], r]) == grade.EXIT_NOT_ALL_PASSED
 
 
 def test_unattempted_lab_is_not_attempted_and_pasted_outputs_do_not_count(full_runs):
     r = full_runs[2]["unattempted"]
-    assert r.run == grade.COMPLETED
-    assert r.exercises and all(e.result == grade.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    assert r.run == outcome.COMPLETED
+    assert r.exercises and all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
     assert all(e.message.startswith(f"[TODO] Exercise {e.exercise}") for e in r.exercises)
 
 
 def test_syntax_error_fails_one_exercise_and_the_rest_are_still_graded(full_runs):
     r = full_runs[2]["syntax"]
-    assert r.run == grade.COMPLETED
+    assert r.run == outcome.COMPLETED
     ex = _by_label(r)
-    assert ex["1.2"].result == grade.NOT_RUN
+    assert ex["1.2"].result == outcome.NOT_RUN
     assert "raised NameError" in ex["1.2"].message and "check.matmul_intensity" in ex["1.2"].message
     assert re.match(r'its exercise cell, cell \d+ \("# Exercise 1\.2: ', ex["1.2"].message)
     assert "raised SyntaxError" in ex["1.2"].message
-    assert {k for k, e in ex.items() if e.result == grade.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
+    assert {k for k, e in ex.items() if e.result == outcome.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
     assert r.cell_errors[0]["ename"] == "SyntaxError"
     assert "SyntaxError" in r.detail
 
@@ -159,7 +160,7 @@ def test_syntax_error_fails_one_exercise_and_the_rest_are_still_graded(full_runs
 def test_a_file_that_is_not_json_gets_a_row_and_the_call_exits_3(full_runs):
     code, report, results = full_runs
     r = results["notjson"]
-    assert r.run == grade.UNREADABLE and "not JSON" in r.detail and r.exercises == []
+    assert r.run == outcome.UNREADABLE and "not JSON" in r.detail and r.exercises == []
     assert code == report["exit_status"] == grade.EXIT_NOT_GRADED
     assert [n["notebook"] for n in report["notebooks"]][-1].endswith("notjson.ipynb")
 
@@ -167,12 +168,12 @@ def test_a_file_that_is_not_json_gets_a_row_and_the_call_exits_3(full_runs):
 def test_endless_and_crashing_notebooks_stop_alone(short_runs):
     code, seconds, results = short_runs
     loop, crash, after = results["loop"], results["crash"], results["notjson"]
-    assert loop.run == grade.TIMED_OUT and f"{LOOP_TIMEOUT_S:g} s budget" in loop.detail
-    assert all(e.result == grade.NOT_RUN for e in loop.exercises) and len(loop.exercises) == 5
+    assert loop.run == outcome.TIMED_OUT and f"{LOOP_TIMEOUT_S:g} s budget" in loop.detail
+    assert all(e.result == outcome.NOT_RUN for e in loop.exercises) and len(loop.exercises) == 5
     assert loop.seconds < LOOP_TIMEOUT_S + 15
-    assert crash.run == grade.KERNEL_DIED and "kernel died" in crash.detail
-    assert all(e.result == grade.NOT_RUN for e in crash.exercises)
-    assert after.run == grade.UNREADABLE  # graded after the two that never finished
+    assert crash.run == outcome.KERNEL_DIED and "kernel died" in crash.detail
+    assert all(e.result == outcome.NOT_RUN for e in crash.exercises)
+    assert after.run == outcome.UNREADABLE  # graded after the two that never finished
     assert code == grade.EXIT_NOT_GRADED
     assert seconds < 3 * (LOOP_TIMEOUT_S + 15)
 
@@ -181,7 +182,8 @@ def test_text_and_csv_reports(full_runs):
     results = list(full_runs[2].values())
     text = grade.format_text(results)
     assert text.splitlines()[0].split() == ["notebook", "run", "lab", "passed", "failed", "not",
-                                            "attempted", "not", "run", "seconds"]
+                                            "attempted", "not", "run", "flagged", "flags",
+                                            "seconds"]
     assert "not JSON" in text and "[FAIL] Exercise 1.2" in text
     rows = list(__import__("csv").DictReader(grade.format_csv(results).splitlines()))
     assert len(rows) == 4 * 5 + 1  # five exercises for each run lab, one row for the non-notebook
@@ -198,22 +200,22 @@ def test_tags_are_read_and_the_worst_report_wins():
         nbformat.v4.new_output("error", ename="CheckFailed", evalue="[FAIL] Exercise 7.1 (f): bad\n  Hint: h",
                                traceback=[]),
     ]
-    assert grade.read_tags(nb) == {"7.1": ("failed", "[FAIL] Exercise 7.1 (f): bad\n  Hint: h"),
+    assert outcome.read_tags(nb) == {"7.1": ("failed", "[FAIL] Exercise 7.1 (f): bad\n  Hint: h"),
                                    "7.2": ("not attempted", "[TODO] Exercise 7.2: g")}
-    assert grade.find_check_module(["import inferlab.course.checks.lab03"]) == ("lab03", "inferlab.course.checks.lab03")
-    assert grade.find_check_module(["from inferlab.course.checks import lab07 as chk"]) == ("lab07", "chk")
+    assert outcome.find_check_module(["import inferlab.course.checks.lab03"]) == ("lab03", "inferlab.course.checks.lab03")
+    assert outcome.find_check_module(["from inferlab.course.checks import lab07 as chk"]) == ("lab07", "chk")
 
 
 @pytest.mark.parametrize("content, run, detail", [
-    (None, grade.NOT_FOUND, "no such file"),
-    (b"\xff\xfe\x00", grade.UNREADABLE, "not UTF-8"),
-    (b'{"cells": 3}', grade.UNREADABLE, "not a notebook"),
+    (None, outcome.NOT_FOUND, "no such file"),
+    (b"\xff\xfe\x00", outcome.UNREADABLE, "not UTF-8"),
+    (b'{"cells": 3}', outcome.UNREADABLE, "not a notebook"),
 ])
 def test_unreadable_files_are_reported_without_a_kernel(tmp_path, content, run, detail):
     path = tmp_path / "x.ipynb"
     if content is not None:
         path.write_bytes(content)
-    r = grade.run_notebook(path, timeout=5)
+    r = runner.run_notebook(path, timeout=5)
     assert r.run == run and detail in r.detail
 
 
@@ -224,3 +226,170 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         grade.main(["x.ipynb", "--timeout", "0"])
     assert exc.value.code == grade.EXIT_USAGE
+
+
+# Forging routes: each must fail to pass. The submissions are Lab 1 cut down to its imports,
+# exercises and check cells (a forger may delete anything), graded in one call.
+
+LABELS = outcome.exercises_of("lab01")  # {check function: label}
+REFERENCE_CALLS = {
+    "ridge_point": "formulas.ridge_point(peak_flops, bandwidth)",
+    "decode_time_floor": "formulas.decode_time_floor(bytes_per_token, bandwidth)",
+    "matmul_intensity": "formulas.matmul_intensity(m, n, k, bytes_per_element)",
+    "critical_batch": "formulas.critical_batch_size(peak_flops, bandwidth, bytes_per_element)",
+    "bandwidth_utilisation": "formulas.bandwidth_utilisation(bytes_per_token, seconds_per_token, "
+                             "bandwidth)"}
+CHECK_LINE = re.compile(r"^\w+ = check\.\w+\(\w+\)$", re.M)
+
+
+def _cut_down(lab):
+    nb = copy.deepcopy(lab)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    keep = []
+    for i, cell in enumerate(nb.cells):
+        if i in code[:2] or cell.source.lstrip().startswith("# Exercise"):
+            keep.append(cell)
+        elif cell.cell_type == "code" and CHECK_LINE.search(cell.source):
+            cell.source = "\n".join(CHECK_LINE.findall(cell.source))
+            keep.append(cell)
+    nb.cells = keep
+    return nb
+
+
+def _after_imports(nb, source):
+    nb.cells.insert(2, nbformat.v4.new_code_cell(source))
+    return 3  # the 1-based number of the inserted cell
+
+
+@pytest.fixture(scope="module")
+def forged(root, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("forged")
+    lab = _cut_down(nbformat.read(root / "labs" / LAB, as_version=4))
+    solution = _cut_down(nbformat.read(root / "solutions" / LAB, as_version=4))
+    made, cells = {}, {}
+
+    nb = copy.deepcopy(lab)  # 1. a printed pass for a label the lab does not have
+    cells["unknown_label"] = _after_imports(
+        nb, 'print("[PASS] Exercise 1.1: ridge_point and decode_time_floor are correct.")')
+    made["unknown_label"] = nb
+
+    nb = copy.deepcopy(lab)  # 2. the check functions replaced by ones that print a pass
+    cells["rebound_checks"] = _after_imports(nb, "\n".join(
+        f'check.{fn} = lambda f: (print("[PASS] Exercise {label}: {fn} is correct."), f)[1]'
+        for fn, label in LABELS.items()))
+    made["rebound_checks"] = nb
+
+    nb = copy.deepcopy(lab)  # 3. the check cells deleted and the tags printed instead
+    nb.cells = [c for c in nb.cells if not CHECK_LINE.search(c.source)]
+    _after_imports(nb, "\n".join(f'print("[PASS] Exercise {label}: {fn} is correct.")'
+                                 for fn, label in LABELS.items()))
+    made["printed_tags"] = nb
+
+    nb = copy.deepcopy(lab)  # 4. every exercise body returns the package's reference
+    for cell in nb.cells:
+        for fn, call in REFERENCE_CALLS.items():
+            cell.source = re.sub(rf"(def {fn}\(.*\n(?:.*\n)*?)(\s+)raise NotImplementedError\(.*\)",
+                                 lambda m, call=call: f"{m.group(1)}{m.group(2)}return {call}",
+                                 cell.source)
+    assert sum(c.source.count("return formulas.") for c in nb.cells) == len(LABELS)
+    made["returns_reference"] = nb
+
+    nb = copy.deepcopy(solution)  # 5. an exercise that IS the reference, imported under its name
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("# Exercise 1.2:"))
+    nb.cells[i].source = "# Exercise 1.2: arithmetic intensity of a matmul.\n" \
+                         "from inferlab.analysis.formulas import matmul_intensity"
+    cells["is_reference"] = i + 1
+    made["is_reference"] = nb
+
+    nb = copy.deepcopy(solution)  # 6. a wrong answer, and the oracle patched to agree with it
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("# Exercise 1.2:"))
+    nb.cells[i].source = nb.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
+    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(
+        "formulas.matmul_intensity = matmul_intensity"))
+    cells["patched_oracle"] = i + 2
+    made["patched_oracle"] = nb
+
+    # 7. not a forgery: where it runs and what it may allocate
+    probe = nbformat.v4.new_notebook()
+    probe.cells = [nbformat.v4.new_code_cell(
+        "import os, tempfile\n"
+        "assert not [f for f in os.listdir('.') if f.endswith('.ipynb')], os.listdir('.')\n"
+        f"assert {str(folder)!r} not in os.getcwd()\n"
+        "assert tempfile.gettempdir().startswith(os.getcwd()), tempfile.gettempdir()"),
+        nbformat.v4.new_code_cell("hog = bytearray(3 * 2**30)")]
+    made["probe"] = probe
+
+    paths = {}
+    for name, nb in made.items():
+        paths[name] = folder / f"{name}.ipynb"
+        nbformat.write(nb, paths[name])
+    code, report, _ = _grade_cli(list(paths.values()), "--timeout", "120", "--jobs", "2",
+                                 "--memory-gb", "2.5", cwd=tmp_path_factory.mktemp("grading"))
+    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    return code, dict(zip(paths, results)), cells
+
+
+def _flags(result, kind):
+    return [f for f in result.flags if f["kind"] == kind]
+
+
+def test_a_printed_pass_for_a_label_the_lab_lacks_is_unknown(forged):
+    code, results, cells = forged
+    r = results["unknown_label"]
+    assert r.run == outcome.COMPLETED
+    assert [e.exercise for e in r.exercises] == list(LABELS.values())  # no "1.1" row
+    assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "unknown label")
+    assert flag["cell"] == cells["unknown_label"] and "Exercise 1.1," in flag["message"]
+    assert code != grade.EXIT_ALL_PASSED
+
+
+def test_rebinding_the_check_functions_passes_nothing_and_is_flagged(forged):
+    r = forged[1]["rebound_checks"]
+    assert r.count(outcome.PASSED) == 0
+    assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "rebinds checks")
+    assert flag["cell"] == forged[2]["rebound_checks"] and "check.ridge_point" in flag["message"]
+    assert _flags(r, "contradicted pass")
+
+
+def test_deleted_check_cells_and_printed_tags_pass_nothing(forged):
+    r = forged[1]["printed_tags"]
+    assert r.count(outcome.PASSED) == 0
+    assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
+    [flag] = _flags(r, "contradicted pass")
+    assert all(label in flag["message"] for label in LABELS.values())
+
+
+def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
+    r = forged[1]["returns_reference"]
+    assert all(e.result == outcome.FLAGGED for e in r.exercises), r.exercises
+    assert all("calls inferlab's reference implementation" in e.message for e in r.exercises)
+    flagged = _flags(r, "uses reference")
+    assert len(flagged) == len(LABELS)
+    assert all(re.search(r'cell \d+ \("# Exercise 1\.', f["message"]) for f in flagged)
+
+
+def test_an_exercise_that_is_the_reference_is_flagged(forged):
+    r = forged[1]["is_reference"]
+    ex = _by_label(r)
+    assert ex["1.2"].result == outcome.FLAGGED and "is inferlab's reference" in ex["1.2"].message
+    [flag] = _flags(r, "uses reference")
+    assert flag["cell"] == forged[2]["is_reference"]
+    assert {k for k, e in ex.items() if e.result == outcome.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
+
+
+def test_a_patched_oracle_fails_the_wrong_answer_and_flags_the_rest(forged):
+    r = forged[1]["patched_oracle"]
+    ex = _by_label(r)
+    assert ex["1.2"].result == outcome.FLAGGED, ex["1.2"]
+    assert all(e.result == outcome.FLAGGED for e in r.exercises)  # no verdict can be trusted
+    [flag] = _flags(r, "patches inferlab")
+    assert flag["cell"] == forged[2]["patched_oracle"]
+    assert "inferlab.analysis.formulas.matmul_intensity" in flag["message"]
+
+
+def test_each_notebook_runs_alone_in_a_fresh_directory_under_a_memory_limit(forged):
+    r = forged[1]["probe"]
+    assert r.run == outcome.COMPLETED and r.exercises == [] and r.lab is None
+    assert [e["ename"] for e in r.cell_errors] == ["MemoryError"], r.cell_errors

@@ -70,6 +70,15 @@ def test_stub_replaces_the_region_and_names_the_exercise():
         namespace["double"](3)
 
 
+def test_a_worked_answer_written_from_measurements_becomes_a_prompt():
+    worked = "# Worked answer: Q1.\nprint(f'you measured {share:.0%}')"
+    lab = labgen.make_lab(_solution([nbformat.v4.new_markdown_cell("**Q1.** Why?"),
+                                     nbformat.v4.new_code_cell(worked)]))
+    assert len(lab.cells) == 4  # the cells still line up with the solution's
+    assert lab.cells[3].cell_type == "markdown" and lab.cells[3].source == labgen.MD_STUB
+    assert all("share" not in c.source for c in lab.cells)
+
+
 @pytest.mark.parametrize("code, message", [
     ("def f():\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION", "must start with a comment"),
     ("# Exercise 9.2\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION", "inside a function body"),

@@ -5,10 +5,13 @@ bandwidth and capacity, each row with its source. ``detect_device()`` names the 
 is using and finds its row when there is one (CPUs vary too much to have rows; a learner on a
 CPU compares against what they measure). The probes measure the two numbers a roofline needs:
 
-- ``measure_bandwidth()`` copies a large buffer and counts bytes read plus bytes written;
+- ``measure_bandwidth()`` streams a large buffer twice, a copy (bytes read plus bytes written)
+  and a read (a sum), and keeps the faster;
 - ``measure_peak_flops(dtype)`` times a large square matmul, which does 2 n^3 FLOPs.
 
 Each returns a ``ProbeResult`` that says what it ran on, so a figure never loses its provenance.
+A probe measures a ceiling, so its rate comes from the fastest block of runs (``Timing.min_s``):
+other programs can only slow a run down, never speed it up.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -149,12 +153,37 @@ class ProbeResult:
     def __str__(self) -> str:
         scale, prefix = (1e9, "G") if self.value < 1e12 else (1e12, "T")
         return (f"{self.what}: {self.value / scale:,.1f} {prefix}{self.unit} on "
-                f"{self.device.name} ({self.dtype}, torch {self.device.torch_version})")
+                f"{self.device.name} ({self.dtype}, torch {self.device.torch_version}; fastest "
+                f"of {self.timing.runs} runs, {self.timing.threads} "
+                f"thread{'s' if self.timing.threads != 1 else ''})")
 
     def to_dict(self) -> dict:
         return {"what": self.what, "value": self.value, "unit": self.unit, "dtype": self.dtype,
-                "size": self.size, "median_s": self.timing.median_s,
+                "size": self.size, "median_s": self.timing.median_s, "min_s": self.timing.min_s,
+                "timing_threads": self.timing.threads,
                 **self.device.provenance()}
+
+
+def cache_bytes(device: str = "cpu") -> int:
+    """The largest cache in front of ``device``'s memory (the CPU's last level from Linux's
+    sysfs, a GPU's L2), in bytes; 0 where the system does not say.
+
+    A buffer that fits in it is read from the cache, not from memory, and a bandwidth measured
+    on it is the cache's: size probes and sweeps to a few times this.
+    """
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return 0
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0)
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes, default=0)
 
 
 def _resolve(device: str | None) -> tuple[str, "object"]:
@@ -163,29 +192,46 @@ def _resolve(device: str | None) -> tuple[str, "object"]:
 
 
 def measure_bandwidth(device: str | None = None, n_bytes: int | None = None,
-                      min_run_time: float | None = None) -> ProbeResult:
-    """Memory bandwidth from copying a buffer of ``n_bytes``: (read + written bytes) / time.
+                      min_run_time: float | None = None,
+                      num_threads: int | None = None) -> ProbeResult:
+    """Memory bandwidth, the faster of two streams over a buffer of ``n_bytes``: a copy,
+    counting bytes read plus bytes written, and a read (a sum over the buffer).
 
-    The buffer must be much larger than the caches (hundreds of MB on a CPU, GBs on a GPU),
-    or the probe measures the cache instead of memory. Defaults come from the device profile.
+    Both are reported because neither is always the ceiling: a copy pays for its writes (on a
+    CPU one core's stores are often the bottleneck), while a matrix-vector product, like a
+    decode step, mostly reads. The buffer must be much larger than the caches (hundreds of MB
+    on a CPU, GBs on a GPU), or the probe measures the cache instead of memory. By default it
+    is the profile's size or twice the largest cache (``cache_bytes``), whichever is larger.
     """
     device, profile = _resolve(device)
-    n_bytes = profile.probe_bytes if n_bytes is None else n_bytes
+    if n_bytes is None:  # at least twice the largest cache, or the probe would measure it
+        n_bytes = max(profile.probe_bytes, 2 * cache_bytes(device))
     if n_bytes < 2**20:
         raise ValueError(f"n_bytes={n_bytes} is too small to measure memory rather than cache; "
                          "pass at least 1 MiB (the profile's default is "
                          f"{profile.probe_bytes // 2**20} MiB)")
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    timing = time_fn(lambda: dst.copy_(src), min_run_time=min_run_time or profile.min_run_time,
-                     label="copy")
-    moved = 2 * src.numel() * src.element_size()  # every byte is read once and written once
-    return ProbeResult(moved / timing.median_s, "B/s", "memory bandwidth (copy)",
-                       detect_device(device), "float32", moved // 2, timing)
+    total = torch.empty((), dtype=torch.float32, device=device)
+    run_time = min_run_time or profile.min_run_time
+    size = src.numel() * src.element_size()
+    copy = time_fn(lambda: dst.copy_(src), min_run_time=run_time, label="copy",
+                   num_threads=num_threads)
+    read = time_fn(lambda: torch.sum(src, 0, out=total), min_run_time=run_time, label="read",
+                   num_threads=num_threads)
+    rates = {"copy": (2 * size / copy.min_s, copy),  # every byte is read once and written once
+             "read": (size / read.min_s, read)}
+    name = max(rates, key=lambda k: rates[k][0])
+    other = "read" if name == "copy" else "copy"
+    what = (f"memory bandwidth ({name}; a {other} reached {rates[other][0] / rates[name][0]:.0%}"
+            " of it)")
+    return ProbeResult(rates[name][0], "B/s", what, detect_device(device), "float32", size,
+                       rates[name][1])
 
 
 def measure_peak_flops(dtype: str | torch.dtype | None = None, device: str | None = None,
-                       n: int | None = None, min_run_time: float | None = None) -> ProbeResult:
+                       n: int | None = None, min_run_time: float | None = None,
+                       num_threads: int | None = None) -> ProbeResult:
     """Matmul throughput: an n x n by n x n product does 2 n^3 FLOPs (a multiply and an add).
 
     ``dtype`` defaults to the profile's; one the device does not support is refused with the
@@ -202,6 +248,7 @@ def measure_peak_flops(dtype: str | torch.dtype | None = None, device: str | Non
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     out = torch.empty(n, n, device=device, dtype=dtype)
     timing = time_fn(lambda: torch.mm(a, b, out=out),
-                     min_run_time=min_run_time or profile.min_run_time, label="matmul")
-    return ProbeResult(2 * n**3 / timing.median_s, "FLOP/s", "peak matmul throughput",
+                     min_run_time=min_run_time or profile.min_run_time, label="matmul",
+                     num_threads=num_threads)
+    return ProbeResult(2 * n**3 / timing.min_s, "FLOP/s", "peak matmul throughput",
                        detect_device(device), str(dtype).removeprefix("torch."), n, timing)

@@ -29,8 +29,9 @@ from inferlab.measurements import write_record
 DEFAULT_CONTEXTS = (128, 512, 2048)
 
 
-def recompute_step_seconds(model, context: int, batch: int = 1, min_run_time: float = 0.2) -> float:
-    """Median seconds to get the next token's logits by running all ``context`` tokens."""
+def recompute_step(model, context: int, batch: int = 1):
+    """A function of no arguments that gets the next token's logits by running all ``context``
+    tokens through the model (what generation without a cache does at every step)."""
     tokens = torch.randint(0, model.config.vocab_size, (batch, context), device=model.device,
                            generator=torch.Generator(device=model.device).manual_seed(0))
 
@@ -38,12 +39,12 @@ def recompute_step_seconds(model, context: int, batch: int = 1, min_run_time: fl
     def step():
         return model(tokens)[:, -1]
 
-    return time_fn(step, min_run_time=min_run_time).median_s
+    return step
 
 
-def cached_step_seconds(model, context: int, batch: int = 1, min_run_time: float = 0.2,
-                        cache_cls=KVCache) -> float:
-    """Median seconds to decode token ``context`` against a cache holding the ``context - 1`` before it."""
+def cached_step(model, context: int, batch: int = 1, cache_cls=KVCache):
+    """A function of no arguments that decodes token ``context`` against a cache holding the
+    ``context - 1`` before it (the same slot is overwritten every call: a steady state)."""
     if context < 2:
         raise ValueError(f"context must be at least 2 (a prompt and a new token), got {context}")
     gen = torch.Generator(device=model.device).manual_seed(0)
@@ -53,10 +54,24 @@ def cached_step_seconds(model, context: int, batch: int = 1, min_run_time: float
     token = prefill(model, prompt, cache).argmax(-1)
 
     def step():
-        cache.length = context - 1  # overwrite the same slot every call: a steady-state step
+        cache.length = context - 1
         return decode_one_token(model, token, cache)
 
-    return time_fn(step, min_run_time=min_run_time).median_s
+    return step
+
+
+def recompute_step_seconds(model, context: int, batch: int = 1, min_run_time: float = 0.2,
+                           num_threads: int | None = None) -> float:
+    """Median seconds of ``recompute_step``."""
+    return time_fn(recompute_step(model, context, batch), min_run_time=min_run_time,
+                   num_threads=num_threads).median_s
+
+
+def cached_step_seconds(model, context: int, batch: int = 1, min_run_time: float = 0.2,
+                        cache_cls=KVCache, num_threads: int | None = None) -> float:
+    """Median seconds of ``cached_step``."""
+    return time_fn(cached_step(model, context, batch, cache_cls), min_run_time=min_run_time,
+                   num_threads=num_threads).median_s
 
 
 def measure(model, contexts=DEFAULT_CONTEXTS, batch: int = 1, min_run_time: float = 0.2,

@@ -35,7 +35,8 @@ def _children_cpu_s() -> float:
 def time_labs(notebooks: list[Path], timeout: float = 900, repeat: int = 1) -> list[dict]:
     """One row per notebook: wall and CPU seconds of its fastest run, how the run ended, the
     exercises passed, and every run's wall-clock time."""
-    from inferlab.course.grade import PASSED, grade
+    from inferlab.course.grade import grade
+    from inferlab.course.results import PASSED
 
     rows = []
     for path in notebooks:

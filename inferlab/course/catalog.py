@@ -7,7 +7,9 @@ by asking this module instead of listing them by hand:
 - ``labs()``: every lab in ``labs/`` with its title, its solution and its check module;
 - ``check_summaries(module)``: each check's exercise label, what it tests (its docstring) and
   the hints a learner sees when it fails (the ``hint=`` strings), read from
-  ``inferlab/course/checks/labNN.py`` without importing it.
+  ``inferlab/course/checks/labNN.py`` without importing it;
+- ``exercise_names(module)``: for each check, the name the lab's check cell passes to it
+  (``LabCache = check.kv_cache(LabCache)``), which is what the grader checks in a submission.
 
 Everything here reads a checkout (the repository root is the folder above the package).
 """
@@ -70,7 +72,7 @@ def _title(path: Path) -> str:
 
 def labs(root: Path = ROOT) -> list[Lab]:
     """Every lab in ``labs/``, in order of its number."""
-    from inferlab.course.grade import find_check_module
+    from inferlab.course.results import find_check_module
 
     import nbformat
 
@@ -84,6 +86,33 @@ def labs(root: Path = ROOT) -> list[Lab]:
         out.append(Lab(int(m.group(1)), path.stem, _title(path), path,
                        root / "solutions" / path.name, module))
     return out
+
+
+_CHECK_CELL = re.compile(r"^\s*(\w+)\s*=\s*(\w+)\.(\w+)\(\s*(\w+)\s*\)", re.M)
+
+
+def exercise_names(module: str, root: Path = ROOT) -> dict[str, str]:
+    """``{check function: the notebook name it is given}`` from the lab that imports ``module``.
+
+    Read from the repository's own student lab, never from a submission, so deleting or editing
+    a check cell cannot change what the grader checks. A check no cell calls keeps its own name.
+    """
+    import nbformat
+
+    from inferlab.course.results import exercises_of, find_check_module
+
+    names = {fn: fn for fn in exercises_of(module)}
+    for lab in labs(root):
+        if lab.check_module != module:
+            continue
+        nb = nbformat.read(lab.lab, as_version=4)
+        _, alias = find_check_module(c.source for c in nb.cells if c.cell_type == "code")
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                for target, obj, check, argument in _CHECK_CELL.findall(cell.source):
+                    if obj == alias and check in names and target == argument:
+                        names[check] = argument
+    return names
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ comment ``# Exercise N.M: ...``. The lab gets a stub in its place that raises
 ``NotImplementedError`` naming the exercise, so the check after it falls back to the reference
 and the lab still runs end to end. In a Markdown cell, an answer sits between
 ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` and becomes a prompt to write one.
+An answer that depends on what the learner measured is a code cell starting ``# Worked answer``
+that writes it from the numbers (say, with ``IPython.display.Markdown``); the lab gets the same
+prompt in a Markdown cell in its place, so the cells of the two notebooks still line up.
 
 The first code cell of every notebook is the Colab setup cell, rewritten here from
 ``_config.yml``'s ``repository.url`` so that the URL is defined once. Outputs are stripped from
@@ -28,6 +31,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 MD_BEGIN, MD_END = "<!-- BEGIN SOLUTION -->", "<!-- END SOLUTION -->"
 SETUP_FIRST_LINE = "# Setup: installs the course package in a fresh Colab runtime (never torch)."
 MD_STUB = "*Write your answer here, then compare it with the solutions notebook.*"
+WORKED_ANSWER = "# Worked answer"
 
 
 class LabgenError(ValueError):
@@ -123,8 +127,11 @@ def normalise(nb, repo_url: str, where: str):
 def make_lab(solution, where: str = "notebook"):
     """The student version of an already normalised solved notebook."""
     lab = nbformat.from_dict(solution)  # a deep copy
-    for cell in lab.cells:
-        if cell.cell_type == "code":
+    for i, cell in enumerate(lab.cells):
+        if cell.cell_type == "code" and cell.source.startswith(WORKED_ANSWER):
+            lab.cells[i] = nbformat.v4.new_markdown_cell(MD_STUB)
+            lab.cells[i].id = cell.get("id", lab.cells[i].id)
+        elif cell.cell_type == "code":
             cell.source = _stub_code(cell.source, where)
         elif cell.cell_type == "markdown":
             cell.source = _stub_markdown(cell.source, where)

@@ -11,8 +11,13 @@ solution) and ends in one of three ways:
   ``[TODO]`` and returns inferlab's reference implementation, so the rest of the lab runs. That is
   how a learner can skip ahead and how CI executes the unsolved labs.
 
-The three tags are fixed so that ``inferlab.course.grade`` can read a notebook's outputs; it imports
-them from here, which is why this module imports torch only inside the functions that need it.
+The grader (``inferlab.course.grade``) does not trust what a notebook prints: it runs these checks
+itself, on a fresh copy of this package's check modules, and learns which reference a check lends
+by calling it with a function that is not attempted. A reference written for a check (a lambda
+around a formula) names the package functions it stands for with ``lends``, so that a learner who
+calls those directly is flagged too. The grader still reads the three tags, to flag printed ones
+that its checks contradict; it imports them from here, which is why this module imports torch
+only inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ def _short(value) -> str:
         return f"tensor of shape {tuple(value.shape)}"
     text = repr(value)
     return text if len(text) < 200 else text[:197] + "..."
+
+
+def lends(reference: F, *same_as: Callable) -> F:
+    """``reference``, marked as standing for the package functions ``same_as``: the grader flags a
+    learner's function that calls any of them as it flags one that calls the reference."""
+    reference.same_as = same_as
+    return reference
 
 
 def run_check(exercise: str, name: str, learner: F, reference: F,

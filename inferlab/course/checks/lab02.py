@@ -8,7 +8,7 @@ import torch
 
 from inferlab.analysis import formulas
 from inferlab.course.checks import (CheckFailed, expect_close, expect_equal, expect_tensor_close,
-    run_check)
+    lends, run_check)
 from inferlab.model.generate import generate, generate_without_cache
 from inferlab.model.gqa import mean_pool_heads
 from inferlab.model.kv_cache import KVCache
@@ -76,7 +76,8 @@ def predicted_speedup(fn):
                         "ones: formulas.flops_per_token(config, n - 1).")
                 expect_close(f"predicted_speedup({config.name}, {n})", f(config, n), expected,
                              rel=1e-6, hint=hint)
-    return run_check("2.2", "predicted_speedup", fn, _reference_speedup, cases,
+    return run_check("2.2", "predicted_speedup", fn,
+                     lends(_reference_speedup, formulas.recompute_flops), cases,
                      success="by FLOPs the cache saves a factor of about the context length.")
 
 
@@ -97,8 +98,9 @@ def cache_bytes(fn):
                              hint="2 (K and V) x layers x KV heads (not query heads) x head_dim "
                                   "x bytes per element, per token per sequence.")
     return run_check("2.3", "cache_bytes", fn,
-                     lambda config, tokens, batch, dtype: formulas.kv_bytes(config, tokens, dtype,
-                                                                            batch),
+                     lends(lambda config, tokens, batch, dtype: formulas.kv_bytes(config, tokens,
+                                                                                  dtype, batch),
+                           formulas.kv_bytes, formulas.kv_bytes_per_token),
                      cases, success="Llama-2-7B holds 512 KiB per token in bf16.")
 
 
