@@ -1,6 +1,11 @@
 """The built site, opened in a real browser: every page of the table of contents loads with its
 title, the chapter and solution pages show their figures (each <img> present and loaded), and
-each lab page's Colab button opens that lab's notebook in the repository.
+each lab page's Colab button opens that lab's notebook in the repository, and every formula is
+typeset by the MathJax the site ships (no network: MathJax must come from the site itself).
+
+The last tests read the built HTML as text, with no browser: every figure has real alt text
+(words, not MyST-NB's default of the image's file name), and no MyST role, directive fence or
+raw TeX leaks into what a reader sees outside code and math.
 
 The site is the one ``jupyter-book build .`` writes to ``_build/html`` (the book test builds it
 first); if it is missing or older than its sources, this test builds it. ``INFERLAB_SITE_HTML``
@@ -31,6 +36,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from bs4 import BeautifulSoup
 
 from inferlab.course import catalog
 
@@ -39,7 +45,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
                   "--disable-sync", "--remote-debugging-port=0", "about:blank"]
 PAGE_TIMEOUT_S = 60
 
-# Run in the page once it has loaded: wait for every image in the article, then report.
+# Run in the page once it has loaded: wait for every image in the article and for MathJax to
+# typeset the page (it is loaded deferred; give it 20 s), then report.
 INSPECT_JS = """
 (async () => {
   const imgs = Array.from(document.querySelectorAll('article img'));
@@ -48,6 +55,17 @@ INSPECT_JS = """
     img.addEventListener('load', done); img.addEventListener('error', done);
     setTimeout(done, 10000);
   })));
+  const maths = document.querySelectorAll('article .math');
+  if (maths.length) {
+    const deadline = Date.now() + 20000;
+    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)
+           && Date.now() < deadline) {
+      await new Promise(r => setTimeout(r, 100));
+    }
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+      await Promise.race([MathJax.startup.promise, new Promise(r => setTimeout(r, 20000))]);
+    }
+  }
   const h1 = document.querySelector('article h1');
   return JSON.stringify({
     title: document.title,
@@ -55,6 +73,10 @@ INSPECT_JS = """
     images: imgs.map(i => ({src: i.getAttribute('src'), complete: i.complete,
                             width: i.naturalWidth})),
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    maths: maths.length,
+    typeset: Array.from(maths).filter(m => m.querySelector('mjx-container')).length,
+    mathjax_errors: document.querySelectorAll('article mjx-merror').length,
+    scripts: Array.from(document.querySelectorAll('script[src]')).map(s => s.src),
   });
 })()
 """
@@ -245,7 +267,10 @@ def pages(root, site, server) -> dict[str, dict]:
         seen = browser.inspect([server + f + ".html" for f in files], allowed=server)
     finally:
         browser.close()
-    return {f: seen[server + f + ".html"] for f in files}
+    out = {f: seen[server + f + ".html"] for f in files}
+    out["_blocked"] = list(browser.blocked)   # requests to any host but the test's own server
+    out["_server"] = server
+    return out
 
 
 def _part(root, caption: str) -> list[str]:
@@ -293,3 +318,85 @@ def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
         colab_links = [h for h in pages[page]["links"] if h.startswith(colab)]
         assert expected in colab_links, f"{page}: Colab links {colab_links}, expected {expected}"
 
+
+
+def test_formulas_are_typeset_offline_by_the_sites_own_mathjax(root, pages):
+    """MathJax must come from the built site: the browser may reach no other host, so a page
+    whose formulas render proves the site works on a closed network."""
+    chapters = _part(root, "Chapters")
+    assert sum(pages[p]["maths"] for p in chapters) > 50, "the chapters have almost no formulas"
+    for page in catalog.toc_files(root):
+        seen = pages[page]
+        if not seen.get("maths"):
+            continue
+        mathjax = [s for s in seen["scripts"] if "mathjax" in s.lower()]
+        assert mathjax and all(s.startswith(pages["_server"]) for s in mathjax), \
+            f"{page}: MathJax loaded from {mathjax}"
+        assert seen["typeset"] == seen["maths"], \
+            f"{page}: {seen['typeset']} of {seen['maths']} formulas typeset"
+        assert seen["mathjax_errors"] == 0, f"{page}: MathJax reported errors"
+    assert not [u for u in pages["_blocked"] if "mathjax" in u.lower()], pages["_blocked"]
+
+
+# --- The built HTML as text: alt text, and nothing raw in what a reader sees ------------
+
+ROLE = re.compile(r"\{(term|cite|cite:p|cite:t|doc|ref|numref|eq|glue|glue:text|glue:any|"
+                  r"download|math|abbr)\}`")
+FENCE = re.compile(r"(```|:::)\s*\{[a-z-]+\}")
+TEX = re.compile(r"\\(frac|text|times|mathrm|left|right|cdot|approx|beta|pi|sum|lfloor|"
+                 r"lceil|le|ge|quad)\b|\$[^$\s][^$]{0,60}\$")
+HASHLIKE = re.compile(r"(^|/)[0-9a-f]{32,}\.(png|svg|jpg)$|\.(png|svg|jpg)$")
+
+
+@pytest.fixture(scope="module")
+def html_pages(site, root):
+    out = {}
+    for page in catalog.toc_files(root):
+        path = site / f"{page}.html"
+        assert path.is_file(), f"{path} was not built"
+        soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+        article = soup.select_one("article") or soup.body
+        out[page] = article
+    return out
+
+
+def test_every_figure_has_real_alt_text(html_pages):
+    problems = []
+    for page, article in html_pages.items():
+        for img in article.find_all("img"):
+            alt = (img.get("alt") or "").strip()
+            if len(alt) < 40 or HASHLIKE.search(alt) or len(alt.split()) < 8:
+                problems.append(f"{page}: {img.get('src')} has alt {alt[:60]!r}")
+    assert not problems, "\n".join(problems)
+
+
+def _visible_text(article) -> str:
+    article = BeautifulSoup(str(article), "html.parser")
+    for tag in article.find_all(["pre", "code", "script", "style", "math", "mjx-container"]):
+        tag.decompose()
+    for tag in article.select(".math, .highlight, .cell_input, .MathJax"):
+        tag.decompose()
+    return article.get_text(" ")
+
+
+def test_no_role_directive_or_tex_leaks_into_the_text(html_pages):
+    problems = []
+    for page, article in html_pages.items():
+        text = _visible_text(article)
+        for pattern, what in ((ROLE, "MyST role"), (FENCE, "directive fence"), (TEX, "raw TeX")):
+            for m in pattern.finditer(text):
+                around = text[max(0, m.start() - 40):m.end() + 40].replace("\n", " ")
+                problems.append(f"{page}: {what} {m.group()!r} in ...{around}...")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_the_checks_catch_what_they_look_for():
+    leaky = BeautifulSoup("<article><p>see {term}`KV cache` and H$_2$O and \\frac{a}{b}</p>"
+                          "<span class='math'>\\(\\frac{a}{b}\\)</span>"
+                          "<img src='../_images/" + "a" * 64 + ".png' alt='../_images/"
+                          + "a" * 64 + ".png'></article>", "html.parser").article
+    text = _visible_text(leaky)
+    assert ROLE.search(text) and TEX.search(text)
+    assert len(TEX.findall(text)) == 2                      # the span.math one is not counted
+    alt = leaky.find("img")["alt"]
+    assert HASHLIKE.search(alt)

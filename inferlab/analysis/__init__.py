@@ -2,6 +2,10 @@
 
 Read in this order: ``formulas`` (bytes, FLOPs, intensity and floors the book quotes),
 ``hardware`` (the device table, detection, bandwidth and FLOP/s probes), ``roofline`` (the model
-and its plot), ``capacity`` (how many requests fit on a device), ``widgets`` and ``explore`` (the
-interactive calculators).
+and its plot), ``request_time`` (a request's prefill and decode at the roofline, and recompute
+against swap), ``attention_io`` (prefill attention's memory traffic, with and without tiling),
+``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models), ``capacity``
+(how many requests fit on a device), ``published`` (the numbers quoted from papers, with their
+sources), ``figures`` (the plotting habits and the check that keeps them), ``widgets`` and
+``explore`` (the interactive calculators).
 """

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from inferlab.analysis import formulas
 from inferlab.device import parse_dtype
+from inferlab.analysis.figures import legend_outside
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model.config import ModelConfig, model_presets
 from inferlab.analysis.widgets import redrawing, widget_or_figure
@@ -97,23 +98,37 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
 
     contexts = contexts or [2**i for i in range(9, 16)]  # 512 .. 32K tokens
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.2))
+        _, ax = plt.subplots(figsize=(8.5, 4.2))
     spec = _spec(device)
-    for name in models:
+    markers = "os^Dv<>p"
+    top = 1
+    for i, name in enumerate(models):
+        config = _config(name)
         counts = [capacity(name, spec, c, kv_dtype, activation_reserve=activation_reserve)
                   .max_requests for c in contexts]
-        kib = formulas.kv_bytes_per_token(_config(name), kv_dtype) / 2**10
-        ax.plot(contexts, counts, "o-", label=f"{name} ({kib:,.0f} KiB/token)")
+        top = max(top, *counts)
+        kib = formulas.kv_bytes_per_token(config, kv_dtype) / 2**10
+        window = (f", window {config.sliding_window:,}" if config.sliding_window else "")
+        # alternate solid and dashed lines with open markers, so that two models with the
+        # same count (Llama-3-8B and Mistral-7B up to its window) both stay visible
+        ax.plot(contexts, counts, linestyle="-" if i % 2 == 0 else "--",
+                marker=markers[i % len(markers)], markersize=7 if i % 2 == 0 else 5,
+                markerfacecolor="none" if i % 2 else None,
+                label=f"{name} ({kib:,.0f} KiB/token{window})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("symlog", linthresh=1)  # linear near 0, so a count of 0 still shows
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, top * 2.0)              # headroom: the top markers are not cut
+    ax.set_xticks(contexts, [f"{c:,}" for c in contexts])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("context reserved per request (tokens)")
     ax.set_ylabel("requests that fit at once")
     ax.set_title(f"KV cache capacity on {spec.name} ({spec.memory / 1e9:.0f} GB), "
                  f"{str(parse_dtype(kv_dtype)).removeprefix('torch.')} cache, "
-                 f"{activation_reserve / 1e9:.0f} GB reserve")
+                 f"{activation_reserve / 1e9:.0f} GB reserve", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    legend_outside(ax)
+    ax.figure.tight_layout()
     return ax
 
 

@@ -164,6 +164,7 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from inferlab.analysis.figures import legend_below, plain_log_ticks
     from inferlab.analysis.roofline import Roof, plot_roofline
 
     point = decode_point(device, model, batch, dtype, context)
@@ -190,7 +191,6 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
                   color="0.4", label=f"does not fit in {point.device_memory / 1e9:,.0f} GB")
     left.plot([point.intensity], [point.attainable_flops], "o", markersize=11, fillstyle="none",
               color="C3", label=f"batch {batch}: {point.bound}-bound")
-    left.legend(fontsize="small")
     left.set_title(f"{point.model}, context {context:,}: one decode step")
 
     right.plot([p.batch for p in sweep], [p.tokens_per_s for p in sweep], ".-", color="C1",
@@ -207,7 +207,10 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
               ylabel="tokens/s, whole batch (upper bound)",
               title=f"{point.model} on {point.device}, {dtype}: tokens/s ceiling")
     right.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize="small")
+    plain_log_ticks(right)
+    right.figure.tight_layout()
+    for ax in (left, right):   # after the layout, so that they sit under the final labels
+        legend_below(ax)
     return axes
 
 

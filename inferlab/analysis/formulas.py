@@ -7,8 +7,11 @@ drift apart. Units are SI throughout: bytes, FLOPs, seconds. Conventions:
   term of each dot product.
 - A transformer forward pass does about 2 FLOPs per parameter per token (Kaplan et al. 2020),
   plus attention's own work, which grows with the context.
-- Decoding one token at batch size 1 must read every weight once, so its time is at least
-  weight bytes / bandwidth, whatever the FLOP/s (the decode floor).
+- One forward pass at batch size 1 must read every weight once, so its time is at least
+  weight bytes / bandwidth, whatever the FLOP/s (the decode floor). That bounds a token per
+  forward pass; speculative decoding (Leviathan et al. 2023) gets several tokens from one pass.
+- A model trained with a sliding window of W tokens (Mistral-7B-v0.1: 4,096) attends to, and
+  caches, at most the last W tokens: ``kv_tokens_held`` applies the cap everywhere below.
 """
 
 from __future__ import annotations
@@ -60,16 +63,27 @@ def decode_bytes_per_step(config: "ModelConfig", dtype="bfloat16") -> int:
     return params * bytes_per_element(dtype)
 
 
+def kv_tokens_held(config: "ModelConfig", context: int) -> int:
+    """Tokens whose K and V a sequence of ``context`` tokens keeps: all of them, or the window.
+
+    A sliding-window model (``config.sliding_window``) attends to the last W tokens only, so
+    its cache is a ring buffer of W slots (Jiang et al. 2023, Sec. 2, "rolling buffer cache").
+    """
+    if context < 0:
+        raise ValueError(f"context must be >= 0, got {context}")
+    window = getattr(config, "sliding_window", None)
+    return context if window is None else min(context, window)
+
+
 def flops_per_token(config: "ModelConfig", context: int = 0) -> int:
     """Forward FLOPs for one token: 2 per weight it multiplies, plus attention over ``context``.
 
     The input embedding is a lookup (no FLOPs). Attention does QK^T and PV: 2 x 2 x H x D FLOPs
-    per layer per past token.
+    per layer per past token it attends to (at most the sliding window, where the model has one).
     """
-    if context < 0:
-        raise ValueError(f"context must be >= 0, got {context}")
     matmul_params = param_count(config, include_embeddings=False) + config.vocab_size * config.d_model
-    attention = 4 * config.n_layers * config.n_heads * config.head_dim * context
+    attended = kv_tokens_held(config, context)
+    attention = 4 * config.n_layers * config.n_heads * config.head_dim * attended
     return 2 * matmul_params + attention
 
 
@@ -127,9 +141,13 @@ def decode_time_floor(bytes_per_token: float, bandwidth: float) -> float:
 
 
 def bandwidth_utilisation(bytes_per_token: float, seconds_per_token: float, bandwidth: float) -> float:
-    """Fraction of peak bandwidth a decoder achieves: bytes per token x tokens/s / bandwidth.
+    """Model bandwidth utilisation (MBU): bytes a decode step must read / (its time x bandwidth).
 
-    gpt-fast calls this model-bandwidth utilisation; it equals floor time / measured time.
+    The course's one definition (Databricks' "LLM inference performance engineering", 2023):
+    ``bytes_per_token`` counts everything the step must read, the weights plus the KV cache of
+    the sequence it decodes; for a batch, pass the step's bytes and its time. At batch 1 with a
+    short context the cache is negligible and this is the weights-only figure gpt-fast reports.
+    It equals the decode floor divided by the measured time.
     """
     positive(bytes_per_token=bytes_per_token, seconds_per_token=seconds_per_token,
               bandwidth=bandwidth)
@@ -142,10 +160,13 @@ def bandwidth_utilisation(bytes_per_token: float, seconds_per_token: float, band
 
 
 def kv_bytes(config: "ModelConfig", tokens: int, dtype="bfloat16", batch: int = 1) -> int:
-    """Bytes the KV cache holds for ``batch`` sequences of ``tokens`` tokens each."""
+    """Bytes the KV cache holds for ``batch`` sequences of ``tokens`` tokens each.
+
+    A sliding-window model holds at most its window per sequence (``kv_tokens_held``).
+    """
     if tokens < 0 or batch < 0:
         raise ValueError(f"tokens and batch must be >= 0, got tokens={tokens}, batch={batch}")
-    return batch * tokens * kv_bytes_per_token(config, dtype)
+    return batch * kv_tokens_held(config, tokens) * kv_bytes_per_token(config, dtype)
 
 
 def kv_token_slots(config: "ModelConfig", kv_memory: float, dtype="bfloat16") -> int:
@@ -178,12 +199,13 @@ def max_concurrent_requests(config: "ModelConfig", device_memory: float, context
     (device memory - weights - activation reserve) / (KV bytes per token x context), rounded
     down; 0 when not even one fits. ``dtype`` is the cache's dtype; ``weight_dtype`` defaults to
     it. This is the count when every request reserves its whole context up front, as systems
-    before PagedAttention did.
+    before PagedAttention did; a sliding-window model reserves at most its window.
     """
     positive(context=context)
     budget = kv_memory_budget(config, device_memory, dtype if weight_dtype is None else weight_dtype,
                               activation_reserve, weights)
-    return max(0, kv_token_slots(config, max(budget, 0.0), dtype) // context)
+    held = kv_tokens_held(config, context)
+    return max(0, kv_token_slots(config, max(budget, 0.0), dtype) // held)
 
 
 def attention_decode_intensity(bytes_per_element: float = 2.0, group_size: int = 1) -> float:
@@ -204,10 +226,21 @@ def recompute_flops(config: "ModelConfig", context: int) -> int:
 
     Every token goes through every weight matmul (including the output projection, since the
     model computes logits for each position), and causal attention does 4 x H x D FLOPs per
-    (query, earlier-or-same key) pair: context x (context + 1) / 2 pairs per layer. Compare
+    (query, earlier-or-same key) pair: context x (context + 1) / 2 pairs per layer, fewer under
+    a sliding window. This is also the FLOP count of a prefill of ``context`` tokens. Compare
     ``flops_per_token(config, context - 1)``, the cost with a cache: about ``context`` times less.
     """
     positive(context=context)
     matmul_params = param_count(config, include_embeddings=False) + config.vocab_size * config.d_model
-    pairs = context * (context + 1) // 2
+    pairs = causal_pairs(context, getattr(config, "sliding_window", None))
     return 2 * matmul_params * context + 4 * config.n_layers * config.n_heads * config.head_dim * pairs
+
+
+def causal_pairs(tokens: int, window: int | None = None) -> int:
+    """(query, key) pairs causal attention scores over ``tokens`` tokens: T (T + 1) / 2.
+
+    With a sliding window of W, query t sees min(t + 1, W) keys.
+    """
+    if window is None or tokens <= window:
+        return tokens * (tokens + 1) // 2
+    return window * (window + 1) // 2 + (tokens - window) * window

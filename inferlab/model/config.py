@@ -2,7 +2,10 @@
 
 ``ModelConfig`` is a small frozen dataclass that checks itself (gpt-fast's ``ModelArgs``): every
 size is a positive integer, ``head_dim`` is derived from ``d_model / n_heads`` unless given, and
-the query heads divide evenly among the KV heads. ``ModelConfig.from_name`` reads a preset from
+the query heads divide evenly among the KV heads. ``sliding_window`` records a model trained with
+sliding-window attention (Mistral-7B-v0.1: 4,096 tokens), whose KV cache stops growing at the window;
+the cache-size formulas use it (``formulas.kv_tokens_held``), while the course's model itself always
+attends to the whole context. ``ModelConfig.from_name`` reads a preset from
 ``data/models.csv``; ``from_hf_config`` and ``to_hf_config`` translate a Hugging Face
 ``config.json``, so a real checkpoint's shape needs no table row.
 """
@@ -31,6 +34,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     attention_bias: bool = False
     tie_embeddings: bool = False
+    sliding_window: int | None = None   # tokens each query attends to; None: the whole context
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
                              f"{self.n_kv_heads} (each KV head serves a group of query heads)")
+        if self.sliding_window is not None:
+            positive_ints("ModelConfig.", sliding_window=self.sliding_window)
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
 
@@ -86,6 +92,9 @@ class ModelConfig:
             n_kv_heads=hf.get("num_key_value_heads") or n_heads,
             ffn_dim=hf["intermediate_size"], vocab_size=hf["vocab_size"],
             max_seq_len=hf.get("max_position_embeddings", 2048),
+            # Qwen2 files carry a sliding_window that is off unless use_sliding_window is true
+            sliding_window=(hf.get("sliding_window") if hf.get("use_sliding_window", True)
+                            else None) or None,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
             # transformers 5 moved rope_theta into rope_parameters; older files keep it on top
             rope_theta=float(hf.get("rope_theta")
@@ -109,7 +118,7 @@ class ModelConfig:
             "rope_theta": self.rope_theta, "rms_norm_eps": self.norm_eps,
             "attention_bias": self.attention_bias, "tie_word_embeddings": self.tie_embeddings,
             "hidden_act": "silu",
-        }
+        } | ({"sliding_window": self.sliding_window} if self.sliding_window else {})
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +137,7 @@ def model_presets() -> dict[str, ModelConfig]:
             n_heads=int(row["n_heads"]), n_kv_heads=int(row["n_kv_heads"]),
             head_dim=int(row["head_dim"]), ffn_dim=int(row["ffn_dim"]),
             vocab_size=int(row["vocab_size"]), max_seq_len=int(row["max_seq_len"]),
+            sliding_window=int(row["sliding_window"]) if row.get("sliding_window") else None,
             rope_theta=float(row["rope_theta"]), norm_eps=float(row["norm_eps"]),
             attention_bias=_bool(row["attention_bias"]),
             tie_embeddings=_bool(row["tie_embeddings"]), name=row["name"],

@@ -5,8 +5,12 @@ tensor and then attends: every K/V byte is moved twice (gather, then attention).
 reads each block where it lies, looking its physical id up in the block table, and keeps a
 running softmax (the online-softmax recurrence of Milakov & Gimelshein 2018, used by
 FlashAttention) so the scores never go to memory: one read of K/V per query head, one write of
-the output. That is the kernel of Kwon et al. 2023, Sec. 5.1, in its simplest form: one program
-per (sequence, query head), one block of ``block_size`` tokens per loop step.
+the output. It has the structure of the kernel of Kwon et al. 2023, Sec. 5.1 (one program per
+(sequence, query head) walking the block table), but not its softmax: vLLM's kernel, adapted
+from FasterTransformer, keeps all of a sequence's scores in shared memory and reduces them in
+separate passes (its v2 splits long sequences into 512-token partitions and merges them). This
+one is the simplest online-softmax version: one block of ``block_size`` tokens per loop step,
+no partitions.
 
 Importing this module never fails: Triton is optional (it needs a CUDA GPU). ``available()``
 says whether the kernel can run here; ``paged_decode_attention`` raises a clear error where it

@@ -1,8 +1,9 @@
 """Figures for Chapter 4 and Lab 4: who ran when, and what latency a throughput costs.
 
 - ``plot_timeline``: one row per batch slot, one bar per forward pass a request took part in
-  (prefill, decode, or padding in a static batch), and a cross where a request was preempted.
-  Built from the ``Iteration`` log of an engine run or a simulation.
+  (prefill, outlined in black; decode; padding in a static batch, grey and hatched), and a cross
+  where a request was preempted; a legend says which is which. Built from the ``Iteration`` log
+  of an engine run or a simulation.
 - ``plot_latency_throughput``: for each policy, a latency percentile against the throughput
   reached at each offered load: the curve an operator reads a service's capacity from.
 """
@@ -10,6 +11,10 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from inferlab.analysis.figures import legend_outside, plain_log_ticks
 
 
 def _slots(iterations):
@@ -29,12 +34,17 @@ def _slots(iterations):
 
 
 def plot_timeline(iterations, ax=None, title: str = "", time_unit: float = 1e-3,
-                  unit_label: str = "ms"):
-    """Draw which request occupied which batch slot over time; returns the axes."""
+                  unit_label: str = "ms", legend: bool = True):
+    """Draw which request occupied which batch slot over time; returns the axes.
+
+    Each request has its own colour. ``legend`` explains the bar styles beside the axes.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3))
     colors = plt.get_cmap("tab20").colors
-    for it, rows in zip(iterations, _slots(iterations)):
+    placed = _slots(iterations)
+    preempted = False
+    for it, rows in zip(iterations, placed):
         t = it.start_s
         for sid, _, seconds in it.prefills:
             ax.barh(rows[sid], seconds / time_unit, left=t / time_unit, height=0.8,
@@ -48,9 +58,24 @@ def plot_timeline(iterations, ax=None, title: str = "", time_unit: float = 1e-3,
                     color="lightgrey", hatch="///", edgecolor="grey", linewidth=0)
         for sid in it.preempted:
             ax.plot(it.start_s / time_unit, rows.get(sid, 0), "kx", markersize=7)
+            preempted = True
+    slots = sorted({row for rows in placed for row in rows.values()})
+    ax.set_yticks(slots)
     ax.set_xlabel(f"time ({unit_label})")
+    ax.tick_params(labelbottom=True)   # keep the time labels under every panel of a shared axis
     ax.set_ylabel("batch slot")
     ax.invert_yaxis()
+    if legend:
+        handles = [Patch(facecolor="tab:blue", edgecolor="black", linewidth=0.6,
+                         label="prefill (outlined)"),
+                   Patch(facecolor="tab:blue", label="decode step"),
+                   Patch(facecolor="lightgrey", hatch="///", edgecolor="grey", linewidth=0,
+                         label="padding: row held, no token")]
+        if preempted:
+            handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
+                                  markersize=7, label="preempted"))
+        legend_outside(ax, handles=handles, title="one colour per request",
+                       title_fontsize="small")
     if title:
         ax.set_title(title)
     return ax
@@ -78,6 +103,7 @@ def plot_latency_throughput(curves: dict[str, list[tuple[float, float]]], ax=Non
     ax.set_xlabel("throughput (output tokens/s)")
     ax.set_ylabel(f"{metric} ({unit})")
     ax.set_yscale("log")
+    plain_log_ticks(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     if title:

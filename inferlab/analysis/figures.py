@@ -1,0 +1,158 @@
+"""Small habits every figure of the book shares, and the check that keeps them.
+
+- ``plain_log_ticks``: logarithmic axes labelled 1, 10, 100 (or 0.1, 1,000) instead of
+  matplotlib's default 10^0 or, on short ranges, "4x10^1".
+- ``legend_outside`` and ``legend_below``: a legend right of or under the axes, where it
+  cannot cover a line.
+- ``figure_problems``: what a reader would trip over in a drawn figure: a legend that covers
+  plotted data (a line vertex, a marker or a bar inside the legend's box), a data point drawn
+  outside the axes (clipped away), and lines or markers that no legend entry explains when the
+  axes has a legend. The plotting helpers' tests and the book's figure test call it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def plain_log_ticks(ax, which: str = "xy") -> None:
+    """Label the major ticks of log axes as plain numbers (1,000 not 10^3), hide minor labels.
+
+    An axis that spans less than two decades also gets ticks at 2 and 5 times each power of ten,
+    so that it shows a few numbers instead of matplotlib's minor labels such as "4x10^1".
+    Call it after the data are drawn (it reads the axis limits).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator
+
+    def fmt(value, _pos):
+        return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+    for name in which:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        if axis.get_scale() != "log":
+            continue
+        lo, hi = (ax.get_xlim() if name == "x" else ax.get_ylim())
+        if lo > 0 and hi / lo < 10:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                                                              8.0)))
+        elif lo > 0 and hi / lo < 100:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(plt.FuncFormatter(fmt))
+        axis.set_minor_formatter(plt.NullFormatter())
+
+
+def legend_outside(ax, **kwargs):
+    """A legend just right of ``ax``, its top aligned with the axes' top."""
+    kwargs.setdefault("fontsize", "small")
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+
+
+def legend_below(ax, **kwargs):
+    """A legend under ``ax``'s x label and tick labels, centred: for panels side by side.
+
+    It hangs a fixed number of points below the axes, so a later ``tight_layout`` that resizes
+    the axes moves it together with the labels it must clear.
+    """
+    from matplotlib.transforms import offset_copy
+
+    kwargs.setdefault("fontsize", "small")
+    fig = ax.figure
+    fig.canvas.draw()
+    boxes = [ax.xaxis.label.get_window_extent()] + [t.get_window_extent()
+                                                    for t in ax.get_xticklabels() if t.get_text()]
+    drop = (ax.get_window_extent().y0 - min(b.y0 for b in boxes)) * 72 / fig.dpi + 4
+    anchor = offset_copy(ax.transAxes, fig=fig, y=-drop, units="points")
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=anchor,
+                     borderaxespad=0.0, **kwargs)
+
+
+def _data_points(artist, ax):
+    """Display coordinates of the points an artist draws (lines, markers, bars)."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    if isinstance(artist, Line2D):
+        xy = np.column_stack([np.asarray(artist.get_xdata(), float),
+                              np.asarray(artist.get_ydata(), float)])
+        if artist.get_transform() != ax.transData:
+            return np.empty((0, 2))          # axhline and friends span the axes: not data
+        return ax.transData.transform(xy)
+    if isinstance(artist, PathCollection):
+        return artist.get_offset_transform().transform(artist.get_offsets())
+    if isinstance(artist, Rectangle):
+        box = artist.get_window_extent()
+        return np.array([[box.x1, (box.y0 + box.y1) / 2]])  # the end of a bar
+    return np.empty((0, 2))
+
+
+def _rgb(color):
+    from matplotlib.colors import to_rgb
+
+    return tuple(round(c, 3) for c in to_rgb(color))
+
+
+def figure_problems(fig) -> list[str]:
+    """Everything in ``fig`` a reader would trip over; an empty list when there is nothing."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    fig.canvas.draw()
+    problems = []
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+    legends += [(None, leg) for leg in fig.legends]
+    for ax in fig.axes:
+        box = ax.get_window_extent()
+        artists = [a for a in ax.get_children()
+                   if isinstance(a, (Line2D, PathCollection, Rectangle)) and a.get_visible()
+                   and a is not ax.patch and not (ax.get_legend() and a in ax.get_legend()
+                                                  .get_children())]
+        for artist in artists:
+            pts = _data_points(artist, ax)
+            pts = pts[np.all(np.isfinite(pts), axis=1)]
+            if not len(pts):
+                continue
+            name = artist.get_label() or type(artist).__name__
+            # a marker is cut when its centre is closer to the frame than its radius
+            r = 0.0
+            if isinstance(artist, Line2D) and artist.get_marker() not in (None, "None", ""):
+                r = artist.get_markersize() * fig.dpi / 72 / 2 - 1
+            outside = ((pts[:, 0] < box.x0 + r - 1) | (pts[:, 0] > box.x1 - r + 1)
+                       | (pts[:, 1] < box.y0 + r - 1) | (pts[:, 1] > box.y1 - r + 1))
+            if artist.get_clip_on() and outside.any() and not isinstance(artist, Rectangle):
+                problems.append(f"{ax.get_title()!r}: {outside.sum()} point(s) of {name!r} "
+                                "fall outside the axes or are cut by its frame")
+            for owner, legend in legends:
+                lbox = legend.get_window_extent()
+                inside = ((pts[:, 0] > lbox.x0) & (pts[:, 0] < lbox.x1)
+                          & (pts[:, 1] > lbox.y0) & (pts[:, 1] < lbox.y1))
+                if inside.any():
+                    problems.append(f"{ax.get_title()!r}: the legend covers {inside.sum()} "
+                                    f"point(s) of {name!r}")
+        texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(),
+                 *ax.get_yticklabels()]
+        for _, legend in legends:
+            lbox = legend.get_window_extent()
+            for text in texts:
+                if text.get_text() and text.get_visible():
+                    tbox = text.get_window_extent()
+                    if (tbox.x0 < lbox.x1 and tbox.x1 > lbox.x0 and tbox.y0 < lbox.y1
+                            and tbox.y1 > lbox.y0):
+                        problems.append(f"{ax.get_title()!r}: the legend covers the text "
+                                        f"{text.get_text()!r}")
+        if legends:
+            explained = set()
+            for _, legend in legends:
+                for handle in getattr(legend, "legend_handles", []):
+                    if isinstance(handle, Line2D):
+                        explained.add((handle.get_marker(), _rgb(handle.get_color())))
+            for artist in artists:
+                if not isinstance(artist, Line2D) or artist.get_marker() in (None, "None", ""):
+                    continue
+                style = (artist.get_marker(), _rgb(artist.get_color()))
+                if style not in explained:
+                    problems.append(f"{ax.get_title()!r}: marker {style[0]!r} drawn with no "
+                                    "legend entry that explains it")
+    return problems

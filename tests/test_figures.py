@@ -1,0 +1,119 @@
+"""The plotting helpers draw figures a reader can read: no legend over data, no clipped or
+half-cut markers, every marker style explained, log axes labelled with plain numbers, and the
+timeline's time labels under every panel. ``figure_problems`` is the check; the first tests
+plant each fault and show that it catches it."""
+
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from inferlab.analysis.capacity import plot_capacity  # noqa: E402
+from inferlab.analysis.explore import plot_explorer  # noqa: E402
+from inferlab.analysis.figures import figure_problems, legend_outside, plain_log_ticks  # noqa: E402
+from inferlab.analysis.roofline import Roof, plot_roofline  # noqa: E402
+from inferlab.sim.plots import plot_latency_throughput, plot_timeline  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def _tick_texts(ax, axis="y"):
+    ax.figure.canvas.draw()
+    ticks = ax.get_yticklabels() if axis == "y" else ax.get_xticklabels()
+    return [t.get_text() for t in ticks if t.get_text()]
+
+
+def test_the_check_catches_a_legend_over_data():
+    fig, ax = plt.subplots()
+    ax.plot(range(10), [5] * 10, label="flat line through the middle")
+    ax.legend(loc="center")
+    assert any("legend covers" in p for p in figure_problems(fig))
+    ax.get_legend().remove()
+    legend_outside(ax)
+    assert figure_problems(fig) == []
+
+
+def test_the_check_catches_clipped_and_cut_markers():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [1, 2, 3], "o-", label="points")
+    ax.set_ylim(0, 3)                      # the last marker's centre sits on the frame
+    legend_outside(ax)
+    assert any("cut by its frame" in p for p in figure_problems(fig))
+    ax.set_ylim(0, 2.5)                    # now it lies outside
+    assert any("outside the axes" in p for p in figure_problems(fig))
+
+
+def test_the_check_catches_a_marker_no_legend_explains():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2], "-", label="a line")
+    ax.plot([1.5], [1.2], "kx")
+    legend_outside(ax)
+    assert any("no legend entry" in p for p in figure_problems(fig))
+
+
+def test_plain_log_ticks_never_print_powers_of_ten():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [6, 20, 45])
+    ax.set_yscale("log")
+    plain_log_ticks(ax, "y")
+    labels = _tick_texts(ax)
+    assert labels and not any("10^" in t or "times" in t or "\\times" in t for t in labels)
+    assert {"10", "20", "30", "40"} <= set(labels)
+
+
+def test_roofline_plot_is_clean():
+    ax = plot_roofline([Roof("a", 1e15, 3e12), Roof("b", 3e14, 2e12)],
+                       [(1.0, 3e12, "decode"), (1000.0, 1e15, "prefill")], xlim=(0.3, 5000))
+    assert figure_problems(ax.figure) == []
+
+
+def test_capacity_plot_keeps_every_model_visible_and_uncut():
+    ax = plot_capacity()
+    assert figure_problems(ax.figure) == []
+    styles = {(line.get_linestyle(), line.get_marker()) for line in ax.get_lines()}
+    assert len(styles) == len(ax.get_lines())     # two models with equal counts stay distinct
+    labels = _tick_texts(ax)
+    assert "1,000" in labels or "100" in labels
+
+
+def test_explorer_plot_is_clean():
+    fig = plot_explorer()
+    fig = fig if hasattr(fig, "canvas") else fig.figure if hasattr(fig, "figure") else plt.gcf()
+    assert figure_problems(fig) == []
+
+
+def _iteration(start, prefills=(), decode=(), padding=(), preempted=(), decode_s=0.01):
+    return SimpleNamespace(start_s=start, prefills=tuple(prefills), decode_ids=tuple(decode),
+                           padding_ids=tuple(padding), preempted=tuple(preempted),
+                           decode_s=decode_s)
+
+
+def test_timeline_explains_its_bar_styles_and_labels_every_panel():
+    log = [_iteration(0.0, prefills=[(0, 8, 0.005), (1, 8, 0.005)], decode=[0, 1]),
+           _iteration(0.02, decode=[0], padding=[1]),
+           _iteration(0.03, decode=[2], prefills=[(2, 4, 0.002)], preempted=[0])]
+    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(9, 4))
+    for ax in axes:
+        plot_timeline(log, ax, title="t")
+    fig.tight_layout()
+    for ax in axes:
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("prefill" in t for t in texts) and any("padding" in t for t in texts)
+        assert any("preempted" in t for t in texts)
+        assert _tick_texts(ax, "x"), "a panel of a shared axis lost its time labels"
+    assert figure_problems(fig) == []
+
+
+def test_latency_throughput_plot_has_plain_ticks():
+    ax = plot_latency_throughput({"static": [(300, 10.5), (1000, 19), (1900, 45)],
+                                  "continuous": [(300, 5.5), (2000, 10), (4000, 18)]})
+    labels = _tick_texts(ax)
+    assert labels and not any("times" in t or "^" in t for t in labels)
+    assert figure_problems(ax.figure) == []
