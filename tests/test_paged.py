@@ -10,12 +10,19 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferlab.serving import paged_triton
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
+from inferlab.serving import paged_triton
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
-from inferlab.serving.paged_cache import PagedKVCache, gather_index, gather_kv
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.paged_attention import gather_index, gather_kv
+from inferlab.serving.paged_cache import PagedKVCache
+
+
+def paged_cache(model, num_blocks, block_size, **kw):
+    return PagedKVCache.for_model(model, ServingConfig(num_blocks=num_blocks,
+                                                       block_size=block_size), **kw)
 
 # ---------------------------------------------------------------------------- the allocator
 
@@ -259,7 +266,7 @@ def test_paged_ragged_decode_equals_per_sequence_contiguous(tiny):
     torch.manual_seed(0)
     lengths = [5, 33, 17, 1, 48]
     prompts = [torch.randint(0, 512, (n,)) for n in lengths]
-    cache = PagedKVCache.for_model(tiny, num_blocks=40, block_size=16, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=40, block_size=16, use_triton=False)
     tables = []
     for p in reversed(prompts):  # prefill one at a time, in a different order: scattered blocks
         t = cache.new_table()
@@ -281,7 +288,7 @@ def test_chunked_prefill_and_forked_decode(tiny):
     """A prompt prefilled in two chunks, forked into two samples that decode differently."""
     torch.manual_seed(1)
     prompt = torch.randint(0, 512, (21,))
-    cache = PagedKVCache.for_model(tiny, num_blocks=8, block_size=8, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=8, block_size=8, use_triton=False)
     t = cache.new_table()
     for chunk in (torch.arange(0, 13), torch.arange(13, 21)):
         t.append(len(chunk))
@@ -302,7 +309,7 @@ def test_chunked_prefill_and_forked_decode(tiny):
 
 
 def test_cache_validates_its_inputs(tiny):
-    cache = PagedKVCache.for_model(tiny, num_blocks=4, block_size=16, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=4, block_size=16, use_triton=False)
     q = torch.zeros(1, 8, 1, 32)
     k = torch.zeros(1, 4, 1, 32)
     with pytest.raises(ValueError, match="bind"):
@@ -328,7 +335,9 @@ def test_triton_kernel_matches_gather_path():
     bt = torch.zeros(3, 3, dtype=torch.int32)
     for b, t in enumerate(tables):
         bt[b, :len(t.blocks)] = torch.tensor(t.blocks)
-    out = paged_triton.paged_decode_attention(q, kc, vc, bt.to(device),
+    # the cache's pool layout: (blocks, K, block_size, D)
+    out = paged_triton.paged_decode_attention(q, kc.transpose(1, 2).contiguous(),
+                                              vc.transpose(1, 2).contiguous(), bt.to(device),
                                               torch.tensor(lengths, dtype=torch.int32).to(device))
     idx = gather_index(tables, lengths, device)
     mask = (torch.arange(40) < torch.tensor(lengths)[:, None])[:, None, None].to(device)
@@ -356,7 +365,7 @@ def test_model_decode_through_the_triton_path(tiny):
     torch.manual_seed(2)
     lengths = [3, 20, 9]
     prompts = [torch.randint(0, 512, (n,)) for n in lengths]
-    cache = PagedKVCache.for_model(tiny, num_blocks=12, block_size=16, use_triton=True)
+    cache = paged_cache(tiny, num_blocks=12, block_size=16, use_triton=True)
     tables = []
     for p in prompts:
         t = cache.new_table()

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from inferlab.analysis import formulas
-from inferlab.benchmarks.kv_cache import cached_step_seconds
+from inferlab.analysis.decode_timing import cached_step_seconds
 from inferlab.device import bytes_per_element, choose_profile
 from inferlab.analysis.hardware import detect_device, measure_bandwidth, measure_peak_flops
 from inferlab.measurements import write_record

@@ -148,8 +148,12 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache=None) -> torch.Tensor:
-        """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1)."""
+                cache=None, last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1).
+
+        With ``last_only``, the logits of the last position only, (B, 1, V): all that sampling
+        the next token needs, so a prefill skips the vocabulary projection of every other token.
+        """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
         T = tokens.shape[1]
@@ -167,6 +171,8 @@ class Llama(nn.Module):
         x = self.model.embed_tokens(tokens)  # (B, T, d)
         for layer in self.model.layers:
             x = layer(x, positions, cache)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.model.norm(x))  # (B, T, V)
 
     @property
