@@ -380,3 +380,41 @@ def test_model_decode_through_the_triton_path(tiny):
     logits = tiny(nxt[:, None], torch.tensor(lengths)[:, None], cache)[:, -1]
     ref = torch.stack([_contiguous_logits(tiny, p, x) for p, x in zip(prompts, nxt)])
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
+    from inferlab.serving import paged_cache
+
+    copies = []
+    real = paged_cache.to_device
+    monkeypatch.setattr(paged_cache, "to_device", lambda *a: copies.append(1) or real(*a))
+    tables = _scatter_tables([5, 17, 1], block_size=4, num_blocks=12, seed=3)
+    ids, pos, meta = paged_cache.prepare(tables, [[7], [8], [9]], 4, n_kv_heads=2,
+                                         device=torch.device("cpu"))
+    assert len(copies) == 1
+    assert ids.tolist() == [[7], [8], [9]] and pos.tolist() == [[4], [16], [0]]
+    slots = meta.slot_blocks * 4 + meta.slot_offsets
+    assert slots.tolist() == [int(t.slot_mapping(torch.tensor(n - 1)))
+                              for t, n in zip(tables, [5, 17, 1])]
+    assert meta.context_lens == (5, 17, 1) and meta.block_tables.shape == (3, 5)
+    assert meta.mask.shape == (3, 1, 1, 20) and meta.mask.sum().item() == 5 + 17 + 1
+    with pytest.raises(ValueError, match="append"):
+        paged_cache.prepare(tables, [[1, 2]] * 3, 4, 2, torch.device("cpu"))  # row 2 holds 1
+
+
+def test_the_fused_kernel_is_chosen_only_on_a_gpu(tiny):
+    import subprocess
+    import sys
+
+    assert not paged_cache(tiny, 4, 16).use_triton  # on a CPU, even under the interpreter
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from inferlab.serving import paged_triton as t; "
+            "assert not t.available('cpu'), 'available on a CPU without the interpreter'")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_generate_refuses_a_paged_cache_clearly(tiny):
+    from inferlab.model.generate import generate
+
+    with pytest.raises(TypeError, match="serve"):
+        generate(tiny, torch.tensor([1, 2, 3]), 2, cache=paged_cache(tiny, 4, 16))

@@ -294,3 +294,30 @@ def test_actions_refuse_wrong_states():
         sched.retire(a)  # not finished yet
     with pytest.raises(ValueError):
         scheduler(1, max_batch=0)
+
+
+def test_a_sequence_is_done_at_an_end_of_sequence_token():
+    sched = scheduler(10, block_size=4)
+    s = Sequence.of(0, Request((1, 2, 3), 10, eos_token_ids=(7, 8)))
+    sched.add(s)
+    step = sched.schedule()
+    assert sched.update(step, [5]) == [] and s.status is Status.RUNNING
+    step = sched.schedule()
+    assert sched.update(step, [8]) == [s]  # a stop token, long before max_new_tokens
+    assert s.status is Status.FINISHED and s.finish_reason == "stop" and s.output == [5, 8]
+    assert sched.memory.num_free == 10
+
+
+def test_the_scheduler_admits_through_a_contiguous_reservation():
+    from inferlab.serving.reservation import ContiguousManager
+
+    memory = ContiguousManager(100, "exact", max_len=64)
+    sched = Scheduler(ServingConfig(max_batch=8), memory)
+    a, b, c = seq(0, 10, 31), seq(1, 20, 31), seq(2, 30, 31)  # regions of 40, 50 and 60 slots
+    for s in (a, b, c):
+        sched.add(s)
+    step = sched.schedule()
+    assert step.prefills == [a, b] and memory.num_free == 10  # c's 60 slots do not fit
+    assert (a.table.slots_held, b.table.slots_held) == (40, 50)
+    with pytest.raises(ValueError, match="never finish"):
+        sched.add(seq(3, 60, 10))  # 69 tokens at its longest, beyond max_len

@@ -139,7 +139,13 @@ class BlockTable:
     def _needs_copy(self, n_new: int) -> bool:
         """Whether appending would write into a shared, partly filled last block."""
         return (n_new > 0 and self.num_tokens % self.block_size != 0
-                and self.allocator.refcount(self.blocks[-1]) > 1)
+                and self.allocator._refcounts[self.blocks[-1]] > 1)
+
+    def _fits_in_place(self, n_new: int) -> bool:
+        """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
+        return (self.num_tokens % self.block_size != 0
+                and self.num_tokens + n_new <= len(self.blocks) * self.block_size
+                and self.allocator._refcounts[self.blocks[-1]] == 1)
 
     def blocks_needed(self, n_new: int) -> int:
         """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
@@ -149,10 +155,13 @@ class BlockTable:
         return total - len(self.blocks) + int(self._needs_copy(n_new))
 
     def can_append(self, n_new: int) -> bool:
-        return self.allocator.can_allocate(self.blocks_needed(n_new))
+        return self._fits_in_place(n_new) or self.allocator.can_allocate(self.blocks_needed(n_new))
 
     def append(self, n_new: int) -> None:
         """Make room for ``n_new`` more tokens; raises OutOfBlocksError with nothing changed."""
+        if n_new >= 0 and self._fits_in_place(n_new):  # a decode step, most of the time
+            self.num_tokens += n_new
+            return
         needed = self.blocks_needed(n_new)
         if not self.allocator.can_allocate(needed):
             raise OutOfBlocksError(f"appending {n_new} tokens needs {needed} free blocks but "

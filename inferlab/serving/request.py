@@ -73,7 +73,7 @@ def validate_request(request: Request, config, num_blocks: int | None = None,
     p, n, V = request.prompt, request.max_new_tokens, config.vocab_size
     if len(p) == 0:
         raise InvalidRequestError("the prompt is empty: a request needs at least one token")
-    odd = next((t for t in p if not isinstance(t, int)), None)
+    odd = next((t for t in p if not isinstance(t, int) or isinstance(t, bool)), None)
     if odd is not None:
         raise InvalidRequestError(f"the prompt holds {odd!r} ({type(odd).__name__}); token ids "
                                   "are integers (a list, or an integer NumPy array or tensor)")
@@ -154,7 +154,8 @@ class Sequence:
 
     @property
     def is_done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens or self.stopped
+        return len(self.output) >= self.max_new_tokens or (
+            bool(self.eos_token_ids) and self.stopped)
 
     @property
     def finish_reason(self) -> str | None:

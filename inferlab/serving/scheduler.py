@@ -110,6 +110,7 @@ class Scheduler:
         self.running: list[Sequence] = []   # sorted by arrival
         self.finished: list[Sequence] = []
         self.num_preemptions = 0
+        self._num_held = 0  # running sequences a policy holds (``hold``)
 
     # -- questions a policy asks ------------------------------------------------------------
     def blocks_for(self, n_tokens: int) -> int:
@@ -132,7 +133,9 @@ class Scheduler:
     @property
     def padding(self) -> list[Sequence]:
         """Finished sequences held in the batch (``hold``): rows that compute and produce nothing."""
-        return [s for s in self.running if s.is_done]
+        if not self._num_held:
+            return []
+        return [s for s in self.running if s.held and s.is_done]
 
     # -- the actions: the only code that changes a sequence's state ------------------------
     def add(self, seq: Sequence) -> None:
@@ -167,7 +170,9 @@ class Scheduler:
         """Keep a running ``seq`` in the batch once it finishes, until the policy retires it."""
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"hold: {seq!r} is not running")
-        seq.held = True
+        if not seq.held:
+            seq.held = True
+            self._num_held += 1
 
     def preempt(self, seq: Sequence) -> None:
         """Free all of ``seq``'s memory and send it back to wait; it will be recomputed."""
@@ -175,6 +180,7 @@ class Scheduler:
             raise SchedulingError(f"preempt: {seq!r} is not running")
         seq.table.free()
         self.running.remove(seq)
+        self._num_held -= seq.held
         seq.table, seq.status, seq.held = None, Status.WAITING, False
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -186,6 +192,7 @@ class Scheduler:
             raise SchedulingError(f"retire: {seq!r} is not a finished running sequence")
         seq.table.free()
         self.running.remove(seq)
+        self._num_held -= seq.held
         seq.table, seq.status, seq.held = None, Status.FINISHED, False
         self.finished.append(seq)
 
@@ -219,17 +226,18 @@ class Scheduler:
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
-                if seq.is_done:
-                    raise SchedulingError(f"{kind} of {seq!r}, which is already done")
-                if seq.table.num_tokens != seq.num_tokens:
+                if seq.table.num_tokens != len(seq.prompt) + len(seq.output):
                     raise SchedulingError(
                         f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
                         f"tokens but the step needs room for {seq.num_tokens} (prefill: admit "
                         "gives room for every token; decode: call append_slot once)")
-        for seq in self.running:
-            if id(seq) not in seen and not seq.is_done:
-                raise SchedulingError(f"{seq!r} is running but got no token this step: every "
-                                      "running sequence decodes in every step")
+                if seq.is_done:
+                    raise SchedulingError(f"{kind} of {seq!r}, which is already done")
+        if len(seen) + self._num_held < len(self.running) or self._num_held:
+            for seq in self.running:
+                if id(seq) not in seen and not (seq.held and seq.is_done):
+                    raise SchedulingError(f"{seq!r} is running but got no token this step: "
+                                          "every running sequence decodes in every step")
 
 
 def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
