@@ -335,8 +335,8 @@ def test_triton_kernel_matches_gather_path():
     bt = torch.zeros(3, 3, dtype=torch.int32)
     for b, t in enumerate(tables):
         bt[b, :len(t.blocks)] = torch.tensor(t.blocks)
-    # the cache's pool layout: (blocks, K, block_size, D)
-    out = paged_triton.paged_decode_attention(q, kc.transpose(1, 2).contiguous(),
+    # the cache's pool layout: keys (blocks, K, D, block_size), values (blocks, K, block_size, D)
+    out = paged_triton.paged_decode_attention(q, kc.permute(0, 2, 3, 1).contiguous(),
                                               vc.transpose(1, 2).contiguous(), bt.to(device),
                                               torch.tensor(lengths, dtype=torch.int32).to(device))
     idx = gather_index(tables, lengths, device)
@@ -389,7 +389,7 @@ def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
     real = paged_cache.to_device
     monkeypatch.setattr(paged_cache, "to_device", lambda *a: copies.append(1) or real(*a))
     tables = _scatter_tables([5, 17, 1], block_size=4, num_blocks=12, seed=3)
-    ids, pos, meta = paged_cache.prepare(tables, [[7], [8], [9]], 4, n_kv_heads=2,
+    ids, pos, meta = paged_cache.prepare(tables, [[7], [8], [9]], 4, n_kv_heads=2, head_dim=8,
                                          device=torch.device("cpu"))
     assert len(copies) == 1
     assert ids.tolist() == [[7], [8], [9]] and pos.tolist() == [[4], [16], [0]]
@@ -399,7 +399,7 @@ def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
     assert meta.context_lens == (5, 17, 1) and meta.block_tables.shape == (3, 5)
     assert meta.mask.shape == (3, 1, 1, 20) and meta.mask.sum().item() == 5 + 17 + 1
     with pytest.raises(ValueError, match="append"):
-        paged_cache.prepare(tables, [[1, 2]] * 3, 4, 2, torch.device("cpu"))  # row 2 holds 1
+        paged_cache.prepare(tables, [[1, 2]] * 3, 4, 2, 8, torch.device("cpu"))  # row 2 holds 1
 
 
 def test_the_fused_kernel_is_chosen_only_on_a_gpu(tiny):

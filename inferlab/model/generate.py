@@ -54,7 +54,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0,
 def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt (B, T) through the model, storing its K/V; logits of the last token (B, V)."""
     positions = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
-    return model(tokens, positions, cache)[:, -1]
+    return model(tokens, positions, cache, last_only=True)[:, -1]  # no logits for the others
 
 
 @torch.inference_mode()

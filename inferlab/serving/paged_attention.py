@@ -1,18 +1,26 @@
-"""Attention over a paged cache on any device: gather the blocks, then attend, and how it compares.
+"""Attention over a paged cache on any device, reading each block where it lies, and what it costs.
 
 A paged cache scatters each sequence's K/V over fixed-size blocks of one pool (Kwon et al. 2023).
-Attention needs them in position order, so the portable path gathers them into a contiguous
-tensor and calls ``scaled_dot_product_attention`` (SDPA); the fused GPU kernel of
-``inferlab.serving.paged_triton`` reads the blocks in place instead.
+The obvious portable way to attend over them is to gather the blocks into a contiguous tensor
+and call ``scaled_dot_product_attention`` (SDPA): every K/V byte is then read, written and read
+again, which costs about three times the contiguous attention on a CPU. The fused GPU kernel
+of ``inferlab.serving.paged_triton`` instead reads each block in place through the block table.
 
-How the gather lands decides what it costs. The cache's pool is laid out (blocks, K, block_size,
-D): one block of one KV head is a contiguous (block_size, D) tile. Seen as rows of a
-(blocks x K, block_size, D) tensor, tile (block, head) is row ``block * K + head``, so one
-``index_select`` over the rows ``table[b][j] * K + k``, taken in the order (b, k, j), writes
-straight into a contiguous (B, K, N, D) tensor, the layout SDPA reads fastest (``gather_blocks``).
-A pool laid out (slots, K, D), token-major, can only be gathered to (B, N, K, D) and then
-transposed, which leaves SDPA a strided tensor (``gather_index`` and ``gather_kv``: the simplest
-version, which Lab 3's exercise writes and its check uses as a reference).
+A CPU can do the same with one PyTorch operation, ``embedding_bag``, which sums rows of a table
+picked by an index, each row scaled by a weight, without copying them anywhere first. Decode
+attention is two such sums (``paged_decode``):
+
+- scores: the pool stores keys transposed, one (D, block_size) tile per block and KV head, so
+  row (tile, d) holds dimension d of the tile's keys; the score of every key in the tile is the
+  sum over d of q[d] times that row (rows picked through the block table, weights from q);
+- output: the sum over the row's tokens of softmax(scores)[n] times value row n (values are
+  stored one (block_size, D) tile per block and KV head).
+
+The indices (``decode_index``) depend only on the block tables, so they are built once per
+forward and shared by every layer. ``gather_blocks`` is the gathering path, kept for prefills
+that attend over cached tokens (several queries per row), and ``gather_index`` / ``gather_kv``
+the simplest version of it for a token-major pool, which Lab 3's exercise writes and its check
+uses as a reference.
 
 ``kernel_inputs`` and ``attention_paths`` set one batch of K/V up both ways (contiguous and paged)
 and return the implementations as functions, for Lab 3 and ``python -m inferlab.benchmarks.paged``
@@ -20,6 +28,8 @@ to time side by side.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +61,7 @@ def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Rows (B x K x W,) of the (blocks x K, block_size, D) view to gather, in (b, k, j) order.
+    """Tiles (B x K x W,) of a (blocks x K, ...) view of the pool, in (b, k, j) order.
 
     ``block_tables`` (B, W) holds each row's physical blocks (padding: any valid block).
     """
@@ -59,28 +69,67 @@ def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Ten
     return (block_tables[:, None, :] * n_kv_heads + heads[None, :, None]).reshape(-1)
 
 
-def gather_blocks(pool: torch.Tensor, index: torch.Tensor, batch: int,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """K or V of one layer's pool (blocks, K, block_size, D) at ``index``: (B, K, W*block_size, D).
+def decode_index(block_tables: torch.Tensor, n_kv_heads: int, group: int, head_dim: int,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``paged_decode`` sums, from the block tables (B, W); built once per forward.
 
-    ``index`` comes from ``block_gather_index``. ``out`` (rows, block_size, D), rows >= the
-    index's length, is a buffer to gather into: reusing one matters on a CPU, where a fresh
-    buffer of tens of MB at every layer costs more in page faults than the copy itself.
+    Key rows (B*H*W, D): bag (b, h, j) sums rows tile*D + d, d = 0..D-1, of the keys viewed as
+    (blocks*K*D, block_size), where tile = table[b][j] * K + h // group. Value rows (B*H, W*S):
+    bag (b, h) sums rows tile*S + s of the values viewed as (blocks*K*S, D), in position order.
     """
-    num_blocks, K, S, D = pool.shape
-    tiles = pool.view(num_blocks * K, S, D)
-    if out is None:
-        rows = tiles.index_select(0, index)
-    else:
-        rows = torch.index_select(tiles, 0, index, out=out[: index.numel()])
-    return rows.view(batch, K, -1, D)  # contiguous: (B, K, W*S, D)
+    B, W = block_tables.shape
+    tiles = block_gather_index(block_tables, n_kv_heads).view(B, n_kv_heads, 1, W)
+    tiles = tiles.expand(B, n_kv_heads, group, W)                       # (B, K, G, W): h = k*G + g
+    dims = torch.arange(head_dim, device=tiles.device)
+    slots = torch.arange(block_size, device=tiles.device)
+    key_rows = (tiles[..., None] * head_dim + dims).reshape(-1, head_dim)      # (B*H*W, D)
+    value_rows = (tiles[..., None] * block_size + slots).reshape(B * n_kv_heads * group, -1)
+    return key_rows, value_rows                                                # (B*H, W*S)
+
+
+def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 key_rows: torch.Tensor, value_rows: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention of q (B, H, 1, D) over one layer's pool, read in place: (B, H, 1, D).
+
+    ``k_pool`` (blocks, K, D, S) and ``v_pool`` (blocks, K, S, D); ``key_rows`` and
+    ``value_rows`` from ``decode_index``; ``mask`` (B, 1, W*S) says which keys each row sees
+    (None: all of them). Equal to SDPA over the gathered K/V.
+    """
+    B, H, _, D = q.shape
+    S = v_pool.shape[2]
+    W = key_rows.shape[0] // (B * H)
+    weights = (q * (1 / math.sqrt(D))).view(B, H, 1, D).expand(B, H, W, D)
+    scores = F.embedding_bag(key_rows, k_pool.view(-1, S), mode="sum",
+                             per_sample_weights=weights.reshape(key_rows.shape))  # (B*H*W, S)
+    scores = scores.view(B, H, W * S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)                                          # (B, H, N)
+    out = F.embedding_bag(value_rows, v_pool.view(-1, D), mode="sum",
+                          per_sample_weights=probs.view(value_rows.shape))        # (B*H, D)
+    return out.view(B, H, 1, D)
+
+
+def gather_blocks(k_pool: torch.Tensor, v_pool: torch.Tensor, tiles: torch.Tensor,
+                  batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one layer's pool at ``tiles`` (``block_gather_index``): each (B, K, N, D).
+
+    N = W * block_size, contiguous, as SDPA reads fastest; the keys' tiles are transposed back.
+    """
+    num_blocks, K, D, S = k_pool.shape
+    k = k_pool.view(num_blocks * K, D, S).index_select(0, tiles)       # (B*K*W, D, S)
+    v = v_pool.view(num_blocks * K, S, D).index_select(0, tiles)       # (B*K*W, S, D)
+    k = k.view(batch, K, -1, D, S).transpose(-1, -2).reshape(batch, K, -1, D)
+    return k, v.view(batch, K, -1, D)
 
 
 def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_dim: int,
                   block_size: int = 16, dtype=torch.float32, device="cpu", seed: int = 0) -> dict:
     """One decode step's K/V stored twice: contiguous (B, K, N, D), and paged in scattered blocks.
 
-    The paged copy uses the cache's layout, (blocks, K, block_size, D) for K and for V.
+    The paged copy uses the cache's layout: keys (blocks, K, D, block_size), values
+    (blocks, K, block_size, D).
     """
     g = torch.Generator().manual_seed(seed)
     blocks_each = -(-context // block_size)
@@ -105,36 +154,40 @@ def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_
         tiles = padded.view(batch, n_kv_heads, blocks_each, block_size, head_dim)
         pool[block_table] = tiles.transpose(1, 2)  # (B, W, K, S, D) into the scattered blocks
         pools.append(pool)
-    return dict(q=q, k=k, v=v, k_pool=pools[0], v_pool=pools[1], block_size=block_size,
-                block_table=block_table, index=block_gather_index(block_table, n_kv_heads),
+    k_pool = pools[0].transpose(-1, -2).contiguous()  # keys stored transposed: (blocks, K, D, S)
+    key_rows, value_rows = decode_index(block_table, n_kv_heads, n_heads // n_kv_heads,
+                                        head_dim, block_size)
+    mask = None
+    if blocks_each * block_size != context:  # the last block is partly filled
+        mask = (torch.arange(blocks_each * block_size, device=device) < context)[None, None]
+    return dict(q=q, k=k, v=v, k_pool=k_pool, v_pool=pools[1], block_size=block_size,
+                block_table=block_table, tiles=block_gather_index(block_table, n_kv_heads),
+                key_rows=key_rows, value_rows=value_rows, mask=mask,
                 context_lens=torch.full((batch,), context, dtype=torch.long, device=device))
 
 
 def attention_paths(x: dict) -> dict:
     """The decode-attention implementations to compare, as functions of no arguments.
 
-    ``contiguous``: SDPA over K/V stored contiguously (the floor). ``gather_then_attend``: the
-    paged cache's portable path (``gather_blocks`` into reused buffers, then SDPA, masking
-    keys past each row's context). ``triton_fused``: the fused kernel, where it can run.
+    ``contiguous``: SDPA over K/V stored contiguously (the floor). ``in_place``: the paged
+    cache's portable decode path (``paged_decode``: two ``embedding_bag`` sums that read each
+    block where it lies). ``gather_then_attend``: gather the blocks into contiguous K/V, then
+    SDPA. ``triton_fused``: the fused GPU kernel, where it can run.
     """
     q, k, v = x["q"], x["k"], x["v"]
-    B, H, _, D = q.shape
-    K, N = k.shape[1], k.shape[2]
-    gqa = H != K
-    width = x["block_table"].shape[1] * x["block_size"]
-    mask = None
-    if width != N:  # the last block is partly filled: hide its empty slots
-        mask = (torch.arange(width, device=q.device) < N)[None, None, None]
-    k_buf = torch.empty(x["index"].numel(), x["block_size"], D, dtype=q.dtype, device=q.device)
-    v_buf = torch.empty_like(k_buf)  # as the cache reuses its own
+    B, H = q.shape[:2]
+    gqa = H != k.shape[1]
+    attn_mask = None if x["mask"] is None else x["mask"][:, None]  # (1, 1, 1, N)
 
     def gather_then_attend():
-        k_all = gather_blocks(x["k_pool"], x["index"], B, k_buf)
-        v_all = gather_blocks(x["v_pool"], x["index"], B, v_buf)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
+        k_all, v_all = gather_blocks(x["k_pool"], x["v_pool"], x["tiles"], B)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask,
+                                              enable_gqa=gqa)
 
     paths = {
         "contiguous": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+        "in_place": lambda: paged_decode(q, x["k_pool"], x["v_pool"], x["key_rows"],
+                                         x["value_rows"], x["mask"]),
         "gather_then_attend": gather_then_attend,
     }
     if q.device.type == "cuda" and paged_triton.available(q.device):

@@ -1,16 +1,17 @@
 """The paged K/V pool: where each forward's new K/V go, and what each row attends over.
 
-The pool holds every layer's K and V in fixed-size blocks, shaped (L, blocks, K, block_size, D):
-one block of one KV head is a contiguous (block_size, D) tile, so the portable attention path
-gathers whole tiles straight into the (B, K, N, D) layout SDPA reads
-(``inferlab.serving.paged_attention``), and the fused GPU kernel
-(``inferlab.serving.paged_triton``) reads the same tiles in place. Which block belongs to which
-sequence is the block manager's business (``inferlab.serving.block_manager``).
+The pool holds every layer's K and V in fixed-size blocks: keys (L, blocks, K, D, block_size)
+and values (L, blocks, K, block_size, D), so one block of one KV head is one contiguous tile,
+keys transposed as vLLM stores them. Decode attention reads the tiles where they lie: on a CPU
+with two ``embedding_bag`` sums (``inferlab.serving.paged_attention.paged_decode``), on a GPU
+with the fused Triton kernel (``inferlab.serving.paged_triton``); a prefill over cached tokens
+gathers them into the (B, K, N, D) layout SDPA reads. Which block belongs to which sequence is
+the block manager's business (``inferlab.serving.block_manager``).
 
 Once per forward, not once per layer, the model runner turns the batch's block tables into an
 ``AttentionMetadata`` (nano-vllm's ``prepare_prefill`` / ``prepare_decode``): where each new
-token's K/V go (block and offset), each row's context length and block table, and, for the
-gather path, the rows to gather and the mask. They are built from Python lists and reach the
+token's K/V go (block and offset), each row's context length and block table, and the rows the
+attention reads and the mask. They are built from Python lists and reach the
 device in ONE copy (``prepare``), so a step costs no host-device round trip per sequence, and
 ``attend`` (called by the model at every layer) only writes and reads. Row b's T new tokens are
 always the last T tokens of its table; rows may differ in context length (ragged decode), and
@@ -30,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.serving.block_manager import BlockManager, BlockTable
-from inferlab.serving.paged_attention import block_gather_index, gather_blocks
+from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
+    paged_decode)
 from inferlab.validation import positive_ints
 
 
@@ -52,8 +54,9 @@ class AttentionMetadata:
     Host-side (plain Python): ``query_lens`` (new tokens of each row) and ``context_lens`` (keys
     each row attends over: the tokens its table holds). Device-side: the physical block and
     offset of each new token (rows one after another), the block tables (B, W) padded with block
-    0, and the context lengths. The gather path adds the rows to gather and the mask; a forward
-    whose rows hold nothing but their new tokens attends those directly (``from_scratch``).
+    0, and the context lengths. A decode adds the rows ``paged_decode`` reads, a prefill over
+    cached tokens the tiles to gather; both add the mask. A forward whose rows hold nothing but
+    their new tokens attends those directly (``from_scratch``).
     """
 
     query_lens: tuple[int, ...]
@@ -63,8 +66,10 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # (B, W)
     context: torch.Tensor           # (B,)
     fused: bool                     # decode through the Triton kernel
-    from_scratch: bool              # every row's context is its new tokens: nothing to gather
-    gather: torch.Tensor | None = None  # (B*K*W,) tiles to gather (gather path)
+    from_scratch: bool              # every row's context is its new tokens: nothing to read
+    key_rows: torch.Tensor | None = None    # (B*H*W, D): decode, see paged_decode
+    value_rows: torch.Tensor | None = None  # (B*H, W*S)
+    gather: torch.Tensor | None = None  # (B*K*W,) tiles to gather (prefill over cached tokens)
     mask: torch.Tensor | None = None    # (B, 1, T, W*block_size) keys each query sees; None: all
 
     @property
@@ -73,11 +78,12 @@ class AttentionMetadata:
 
 
 def prepare(tables: list[BlockTable], tokens: list[list[int]], block_size: int, n_kv_heads: int,
-            device: torch.device, fused: bool = False):
+            head_dim: int, device: torch.device, fused: bool = False, group: int = 1):
     """Input ids (B, T), positions (B, T) and the ``AttentionMetadata`` of one forward.
 
     ``tokens[b]`` are row b's new tokens: the last ``len(tokens[b])`` of its table (every row the
-    same length for now). Everything is computed from Python lists and moved in one copy.
+    same length for now). ``group`` query heads share a KV head of ``head_dim``. Everything is
+    computed from Python lists and moved in one copy.
     """
     T = len(tokens[0])
     if any(len(t) != T for t in tokens):
@@ -100,35 +106,45 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], block_size: int, 
     block_tables = table_rows.view(B, width)
     from_scratch = all(n == T for n in ctx)
     fused = fused and T == 1 and not from_scratch
-    gather = mask = None
+    key_rows = value_rows = gather = mask = None
     if not (from_scratch or fused):
-        gather = block_gather_index(block_tables, n_kv_heads)
+        if T == 1:
+            key_rows, value_rows = decode_index(block_tables, n_kv_heads, group, head_dim,
+                                                block_size)
+        else:
+            gather = block_gather_index(block_tables, n_kv_heads)
         keys = width * block_size
         if T > 1 or any(n != keys for n in ctx):  # padded keys, or causal within the new tokens
             key_pos = torch.arange(keys, device=device)
             mask = (key_pos <= pos.view(B, T, 1))[:, None]  # (B, 1, T, keys)
     meta = AttentionMetadata(tuple([T] * B), tuple(ctx), blocks, offsets, block_tables,
-                             context, fused, from_scratch, gather, mask)
+                             context, fused, from_scratch, key_rows, value_rows, gather, mask)
     return ids.view(B, T), pos.view(B, T), meta
 
 
 class PagedKVCache:
-    """The paged K/V pool of every layer, (L, blocks, K, block_size, D) for K and for V."""
+    """The paged K/V pool of every layer: keys (L, blocks, K, D, block_size), values
+    (L, blocks, K, block_size, D); ``n_heads`` query heads share the ``n_kv_heads``."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, memory: BlockManager,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 use_triton: bool | None = None):
+                 use_triton: bool | None = None, n_heads: int | None = None):
+        n_heads = n_kv_heads if n_heads is None else n_heads
         positive_ints("PagedKVCache ", n_layers=n_layers, n_kv_heads=n_kv_heads,
-                      head_dim=head_dim)
-        shape = (n_layers, memory.num_blocks, n_kv_heads, memory.block_size, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+                      head_dim=head_dim, n_heads=n_heads)
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        S = memory.block_size
+        self.k = torch.zeros((n_layers, memory.num_blocks, n_kv_heads, head_dim, S), dtype=dtype,
+                             device=device)
+        self.v = torch.zeros((n_layers, memory.num_blocks, n_kv_heads, S, head_dim), dtype=dtype,
+                             device=device)
+        self.group = n_heads // n_kv_heads
         self.memory = memory
         self.block_size = memory.block_size
         self.tables: list[BlockTable] = []
         self.metadata: AttentionMetadata | None = None
         self._lazy = False  # the metadata was prepared at layer 0 and lasts one forward
-        self._buffers: dict[str, torch.Tensor] = {}  # reused gather buffers, grown on demand
         if use_triton is None:  # the fused kernel on a GPU that can run it, the gather elsewhere
             from inferlab.serving import paged_triton
             use_triton = self.k.device.type == "cuda" and paged_triton.available(self.k.device)
@@ -143,7 +159,7 @@ class PagedKVCache:
         c = model.config
         memory = BlockManager(config.num_blocks, config.block_size, config.watermark)
         return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
-                   use_triton)
+                   use_triton, c.n_heads)
 
     @property
     def allocator(self):
@@ -174,8 +190,8 @@ class PagedKVCache:
 
     def prepare(self, tables: list[BlockTable], tokens: list[list[int]]):
         """``prepare`` for this pool: input ids, positions and metadata of one forward."""
-        return prepare(tables, tokens, self.block_size, self.n_kv_heads, self.k.device,
-                       self.use_triton)
+        return prepare(tables, tokens, self.block_size, self.n_kv_heads, self.k.shape[3],
+                       self.k.device, self.use_triton, self.group)
 
     def bind(self, tables: list[BlockTable], metadata: AttentionMetadata | None = None) -> None:
         """Say which sequences the next forward runs: row b of the batch is ``tables[b]``.
@@ -203,14 +219,6 @@ class PagedKVCache:
                              "bound tables: append to each table first, then run its newest "
                              "tokens")
 
-    def _buffer(self, name: str, rows: int) -> torch.Tensor:
-        """A (>= rows, block_size, D) buffer for gathered K or V, kept between layers and steps."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < rows:
-            buf = torch.empty(rows, *self.k.shape[3:], dtype=self.k.dtype, device=self.k.device)
-            self._buffers[name] = buf
-        return buf
-
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """Write k, v (B, K, T, D) into the pool; attend q (B, H, T, D) causally over each row."""
@@ -225,21 +233,18 @@ class PagedKVCache:
         if B != meta.batch or k.shape != (B, K, T, D) or k.dtype != self.k.dtype:
             raise ValueError(f"k is {tuple(k.shape)} {k.dtype}; expected {(B, K, T, D)} "
                              f"{self.k.dtype} for the {meta.batch} bound rows")
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, S, D)
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
         rows = B * T
-        k_pool[meta.slot_blocks, :, meta.slot_offsets] = k.transpose(1, 2).reshape(rows, K, D)
+        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k.transpose(1, 2).reshape(rows, K, D)
         v_pool[meta.slot_blocks, :, meta.slot_offsets] = v.transpose(1, 2).reshape(rows, K, D)
         if meta.from_scratch:  # nothing cached before these tokens: attend them directly
             return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=H != K)
         if meta.fused:
             from inferlab.serving.paged_triton import paged_decode_attention
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.context)
-        n = meta.gather.numel()
-        k_all = gather_blocks(k_pool, meta.gather, B, self._buffer("k", n))  # (B, K, N, D)
-        v_all = gather_blocks(v_pool, meta.gather, B, self._buffer("v", n))
-        if T == 1 and H != K:  # decode with grouped heads: a group's queries act as its rows
-            out = F.scaled_dot_product_attention(q.reshape(B, K, H // K, D), k_all, v_all,
-                                                 attn_mask=meta.mask)
-            return out.reshape(B, H, 1, D)
+        if meta.key_rows is not None:  # decode: read the blocks in place
+            mask = None if meta.mask is None else meta.mask[:, :, 0]  # (B, 1, keys)
+            return paged_decode(q, k_pool, v_pool, meta.key_rows, meta.value_rows, mask)
+        k_all, v_all = gather_blocks(k_pool, v_pool, meta.gather, B)  # (B, K, N, D)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=meta.mask,
                                               enable_gqa=H != K)
