@@ -3,6 +3,7 @@
     python -m inferlab.benchmarks.paged                   # everything, sizes from the profile
     python -m inferlab.benchmarks.paged --skip-kernels    # only the memory experiments (seconds)
     python -m inferlab.benchmarks.paged --batch 64 --context 2048 --heads 32 --head-dim 128
+    python -m inferlab.benchmarks.paged --threads 1      # steadier on a CPU others share
 
 Memory (device-independent; ``inferlab.sim.memory_sim``, ``inferlab.serving.prefix_cache``):
 - the share of a KV pool holding real token states, and the sequences batched at once, under
@@ -86,7 +87,7 @@ def _print_memory(report: dict) -> None:
           f"{report['requests']} requests waiting, block size {report['block_size']}")
     for name in traces.WORKLOADS:
         r = report[name]
-        print(f"\n{name}: policy        tokens  reserved  internal  free-unusable  batched  "
+        print(f"\n{name}: reservation   tokens  reserved  internal  free-unusable  batched  "
               "preempted")
         for p, s in r["policies"].items():
             print(f"  {p:>20} {s['token_fraction']:>7.1%} {s['reserved_fraction']:>9.1%} "
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-heads", type=int, default=None, help="default: --heads (MHA)")
     parser.add_argument("--head-dim", type=int, default=sizes.head_dim)
     parser.add_argument("--min-run-time", type=float, default=profile.min_run_time)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 is steadier on a machine others share)")
     parser.add_argument("--json", type=Path, help="write the results here, with provenance "
                         "(default on a GPU: data/measurements/paged_<device>_<date>.json)")
     args = parser.parse_args(argv)
@@ -124,6 +127,8 @@ def main(argv=None) -> int:
     record = {"benchmark": "paged", "command": " ".join(["python -m inferlab.benchmarks.paged",
                                                          *(argv if argv is not None else sys.argv[1:])]),
               "memory": report}
+    if args.threads:
+        torch.set_num_threads(args.threads)
     info = detect_device(args.device)
     if not args.skip_kernels:
         dtype = check_dtype(args.dtype, args.device)
