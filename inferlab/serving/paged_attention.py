@@ -111,17 +111,26 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return out.view(B, H, 1, D)
 
 
-def gather_blocks(k_pool: torch.Tensor, v_pool: torch.Tensor, tiles: torch.Tensor,
-                  batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_blocks(k_pool: torch.Tensor, v_pool: torch.Tensor, tiles: torch.Tensor, batch: int,
+                  buffers: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of one layer's pool at ``tiles`` (``block_gather_index``): each (B, K, N, D).
 
-    N = W * block_size, contiguous, as SDPA reads fastest; the keys' tiles are transposed back.
+    N = W * block_size, contiguous, as SDPA reads fastest; the keys' tiles are transposed back,
+    a second copy. ``buffers`` (a dict, filled on first use) keeps the copies' memory between
+    calls: on a CPU a fresh buffer of tens of MB costs more in page faults than the copy.
     """
     num_blocks, K, D, S = k_pool.shape
-    k = k_pool.view(num_blocks * K, D, S).index_select(0, tiles)       # (B*K*W, D, S)
-    v = v_pool.view(num_blocks * K, S, D).index_select(0, tiles)       # (B*K*W, S, D)
-    k = k.view(batch, K, -1, D, S).transpose(-1, -2).reshape(batch, K, -1, D)
-    return k, v.view(batch, K, -1, D)
+    n = tiles.numel()
+    buffers = {} if buffers is None else buffers
+    if "v" not in buffers or buffers["v"].shape[0] < n:
+        for name, shape in (("k_tiles", (n, D, S)), ("k", (n, S, D)), ("v", (n, S, D))):
+            buffers[name] = torch.empty(shape, dtype=k_pool.dtype, device=k_pool.device)
+    k_tiles = torch.index_select(k_pool.view(num_blocks * K, D, S), 0, tiles,
+                                 out=buffers["k_tiles"][:n])               # (B*K*W, D, S)
+    k = buffers["k"][:n]
+    k.copy_(k_tiles.transpose(1, 2))                                       # (B*K*W, S, D)
+    v = torch.index_select(v_pool.view(num_blocks * K, S, D), 0, tiles, out=buffers["v"][:n])
+    return k.view(batch, K, -1, D), v.view(batch, K, -1, D)
 
 
 def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_dim: int,
@@ -179,8 +188,10 @@ def attention_paths(x: dict) -> dict:
     gqa = H != k.shape[1]
     attn_mask = None if x["mask"] is None else x["mask"][:, None]  # (1, 1, 1, N)
 
+    buffers = {}  # reused between calls, as the cache would
+
     def gather_then_attend():
-        k_all, v_all = gather_blocks(x["k_pool"], x["v_pool"], x["tiles"], B)
+        k_all, v_all = gather_blocks(x["k_pool"], x["v_pool"], x["tiles"], B, buffers)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask,
                                               enable_gqa=gqa)
 

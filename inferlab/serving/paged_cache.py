@@ -145,6 +145,7 @@ class PagedKVCache:
         self.tables: list[BlockTable] = []
         self.metadata: AttentionMetadata | None = None
         self._lazy = False  # the metadata was prepared at layer 0 and lasts one forward
+        self._buffers: dict[str, torch.Tensor] = {}  # reused gather buffers (prefill with context)
         if use_triton is None:  # the fused kernel on a GPU that can run it, the gather elsewhere
             from inferlab.serving import paged_triton
             use_triton = self.k.device.type == "cuda" and paged_triton.available(self.k.device)
@@ -245,6 +246,6 @@ class PagedKVCache:
         if meta.key_rows is not None:  # decode: read the blocks in place
             mask = None if meta.mask is None else meta.mask[:, :, 0]  # (B, 1, keys)
             return paged_decode(q, k_pool, v_pool, meta.key_rows, meta.value_rows, mask)
-        k_all, v_all = gather_blocks(k_pool, v_pool, meta.gather, B)  # (B, K, N, D)
+        k_all, v_all = gather_blocks(k_pool, v_pool, meta.gather, B, self._buffers)  # (B, K, N, D)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=meta.mask,
                                               enable_gqa=H != K)
