@@ -41,7 +41,7 @@ from inferlab.serving.metrics import Summary
 from inferlab.sim import traces
 from inferlab.sim.simulator import FittedCosts, RooflineCosts, measure_costs_for, simulate
 
-POLICIES = ("static", "continuous")  # the two of inferlab.serving.scheduler.POLICIES compared
+COMPARED = ("static", "continuous")  # names in inferlab.serving.scheduler.POLICIES
 
 
 def serve_both(model, requests, config: ServingConfig) -> dict[str, Run]:
@@ -50,7 +50,7 @@ def serve_both(model, requests, config: ServingConfig) -> dict[str, Run]:
     Each engine (and its KV cache) is dropped before the next one is built.
     """
     out = {}
-    for policy in POLICIES:
+    for policy in COMPARED:
         run = serve(model, requests, config.replace(policy=policy))
         bad = [r.error for r in run.results if not r.ok]
         if bad:
@@ -91,7 +91,7 @@ def extrapolate(model_name: str, device_name: str, n: int, rate: float, max_batc
     out = {"model": model_name, "device": spec.name, "efficiency": efficiency,
            "num_blocks": num_blocks, "rate": rate}
     serving = ServingConfig(block_size=block_size, num_blocks=num_blocks, max_batch=max_batch)
-    for policy in POLICIES:
+    for policy in COMPARED:
         out[policy] = simulate(requests, costs, serving.replace(policy=policy)).summary().row()
     out["ratio"] = out["continuous"]["throughput_tok_s"] / out["static"]["throughput_tok_s"]
     return out

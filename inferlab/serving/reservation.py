@@ -142,7 +142,7 @@ class ContiguousManager:
         return self.space.num_free
 
     def blocks_for(self, tokens: int) -> int:
-        return tokens
+        return blocks_for(tokens, self.block_size)  # slots: blocks of one token
 
     def region_size(self, longest: int) -> int:
         return self.slots_fn(self.reservation, longest, longest, self.max_len, 1)
