@@ -3,14 +3,15 @@
 The folders are the architecture; each module holds one mechanism:
 
 - ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints.
-- ``serving/``: the engine: block manager, paged cache, scheduler, engine loop, metrics.
+- ``serving/``: the engine: one ``ServingConfig``, requests, block manager, scheduler, paged
+  cache and attention, model runner, the loop, ``serve``, metrics.
 - ``sim/``: request traces and serving runs with modelled step times (memory, latency).
 - ``analysis/``: formulas, the hardware table and probes, the roofline, capacity calculators.
 - ``course/``: the labs' checks, the student-lab generator, the grader, the course catalog.
 - ``benchmarks/``: runnable measurements (``python -m inferlab.benchmarks.<name>``).
 
 The ground floor, which everything above may use: ``data`` (the course's tables), ``device``
-(device choice and size profiles), ``timing`` (``torch.utils.benchmark``), ``validation`` (the
+(device choice, size profiles, free memory), ``timing`` (``torch.utils.benchmark``), ``validation`` (the
 size checks constructors make), ``measurements`` (results measured on real devices, with their
 provenance).
 """

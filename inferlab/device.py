@@ -2,8 +2,10 @@
 
 One notebook runs everywhere: on the 2-core CPU of CI in seconds, on a Colab T4 and on a large
 data-centre GPU. ``choose_profile()`` looks at the machine and returns a ``Profile`` whose fields
-the labs read their sizes from; set the environment variable ``INFERLAB_PROFILE`` to one of
-``PROFILES`` to force a choice (tests use ``cpu``).
+the labs and the benchmarks read their sizes from (``serving`` for Chapter 4's experiment,
+``attention`` for Chapter 3's kernel timing); set the environment variable ``INFERLAB_PROFILE``
+to one of ``PROFILES`` to force a choice (tests use ``cpu``). ``free_memory_bytes`` says how
+much memory a device has free now, for sizing a KV pool.
 """
 
 from __future__ import annotations
@@ -16,6 +18,37 @@ import torch
 from inferlab.validation import positive
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ServingSizes:
+    """Chapter 4's serving experiment on one class of device (Lab 4, ``benchmarks.batching``)."""
+
+    model: str                  # a row of data/models.csv
+    requests: int               # requests in the trace
+    length_scale: float         # factor on the trace's prompt and output lengths
+    max_batch: int              # sequences decoded at once
+    rate: float                 # offered load, requests per second (Poisson)
+    rates: tuple[float, ...]    # the sweep for the latency-throughput curve
+
+    def __post_init__(self) -> None:
+        positive("ServingSizes.", requests=self.requests, length_scale=self.length_scale,
+                 max_batch=self.max_batch, rate=self.rate, **{f"rates[{i}]": r for i, r in
+                                                               enumerate(self.rates)})
+
+
+@dataclass(frozen=True)
+class AttentionSizes:
+    """One decode step of paged against contiguous attention (Lab 3, ``benchmarks.paged``)."""
+
+    batch: int
+    context: int
+    n_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        positive("AttentionSizes.", batch=self.batch, context=self.context,
+                 n_heads=self.n_heads, head_dim=self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -34,6 +67,8 @@ class Profile:
     max_context: int      # longest context the labs generate to
     decode_tokens: int    # tokens to generate when timing decode
     min_run_time: float   # seconds each timing runs for (torch.utils.benchmark)
+    serving: ServingSizes     # the serving experiment
+    attention: AttentionSizes  # the paged-attention timing
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -49,13 +84,20 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", "cpu", torch.float32, "tiny", "small", probe_bytes=256 * 2**20, matmul_n=1024,
                    sweep_dim=4096, max_batch=256, max_context=2048, decode_tokens=16,
-                   min_run_time=0.2),
+                   min_run_time=0.2,
+                   serving=ServingSizes("tiny", 96, 1 / 8, 16, 100.0, (10.0, 25.0, 50.0, 100.0)),
+                   attention=AttentionSizes(batch=8, context=1024, n_heads=8, head_dim=64)),
     "small-gpu": Profile("small-gpu", "cuda", torch.float16, "small", "medium", probe_bytes=1 * 2**30,
                          matmul_n=8192, sweep_dim=8192, max_batch=1024, max_context=4096,
-                         decode_tokens=64, min_run_time=0.5),
+                         decode_tokens=64, min_run_time=0.5,
+                         serving=ServingSizes("small", 128, 1 / 2, 64, 50.0, (5.0, 10.0, 20.0, 50.0)),
+                         attention=AttentionSizes(batch=32, context=2048, n_heads=32, head_dim=128)),
     "large-gpu": Profile("large-gpu", "cuda", torch.bfloat16, "small", "llama-2-7b",
                          probe_bytes=4 * 2**30, matmul_n=8192, sweep_dim=8192, max_batch=2048,
-                         max_context=4096, decode_tokens=64, min_run_time=0.5),
+                         max_context=4096, decode_tokens=64, min_run_time=0.5,
+                         serving=ServingSizes("llama-2-7b", 256, 1.0, 64, 20.0,
+                                              (1.0, 2.0, 4.0, 8.0, 20.0)),
+                         attention=AttentionSizes(batch=32, context=2048, n_heads=32, head_dim=128)),
 }
 
 # A GPU with less memory than this gets the small profile (a T4 has 16 GB, an L4 24 GB).
@@ -94,6 +136,25 @@ def choose_profile(device: str | None = None) -> Profile:
                            "pass device='cpu' (or leave device unset)")
     total = torch.cuda.get_device_properties(0).total_memory
     return PROFILES["large-gpu" if total >= _LARGE_GPU_MIN_BYTES else "small-gpu"]
+
+
+def free_memory_bytes(device: str | torch.device) -> int:
+    """Bytes of memory free on ``device`` now: a GPU's free memory, or the host's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:  # Linux: what the kernel could hand out without swapping
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # macOS has no SC_AVPHYS_PAGES
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

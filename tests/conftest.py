@@ -6,6 +6,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("INFERLAB_PROFILE", "cpu")
+# The fused paged-attention kernel (inferlab/serving/paged_triton.py) runs here under Triton's
+# interpreter, on CPU tensors, so its correctness tests run on every machine. Triton reads this
+# when the kernel is defined, so it is set before anything imports inferlab. Nothing else
+# changes: the paged cache picks the kernel by default only on a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 # A non-interactive MPLBACKEND (Agg) would reach the Jupyter kernels that nbval and the book
 # build start, and the notebooks would then show no figures at all (tests/test_site.py catches
 # that). Without a display, matplotlib picks Agg by itself in this process anyway.

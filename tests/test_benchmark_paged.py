@@ -6,15 +6,17 @@ import json
 
 import torch
 
+from inferlab.analysis.capacity import paper_pool_slots
 from inferlab.benchmarks import paged as bench
+from inferlab.serving.paged_attention import kernel_inputs
 
 
 def test_pool_matches_the_paper():
-    assert bench.paper_pool_slots() == 15728  # "15.7K token slots" (Kwon et al. 2023, Sec. 3)
+    assert paper_pool_slots() == 15728  # "15.7K token slots" (Kwon et al. 2023, Sec. 3)
 
 
 def test_kernel_paths_agree_and_are_timed():
-    x = bench.kernel_inputs(batch=3, context=40, n_heads=4, n_kv_heads=2, head_dim=16)
+    x = kernel_inputs(batch=3, context=40, n_heads=4, n_kv_heads=2, head_dim=16)
     times = bench.time_kernels(x, min_run_time=0.01)
     assert {"contiguous", "gather_then_attend"} <= set(times)
     assert times["contiguous"]["vs_contiguous"] == 1.0

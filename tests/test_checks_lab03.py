@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferlab.sim import memory_sim
 from inferlab.serving import prefix_cache
+from inferlab.serving.reservation import slots_held
 from inferlab.course.checks import CheckFailed
 from inferlab.course.checks import lab03 as check
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
-from inferlab.serving.paged_cache import gather_index, gather_kv
+from inferlab.serving.paged_attention import gather_index, gather_kv
 
 
 def _stub(*args, **kwargs):
@@ -201,28 +201,28 @@ def test_reference_paged_decode_passes_its_own_check():
 
 # ---------------------------------------------------------------- 3.4 slots held
 
-def pow2_of_prompt(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+def pow2_of_tokens_so_far(policy, longest, tokens_so_far, max_len, block_size):
     if policy == "power_of_two":
-        return min(max_len, 1 << (prompt_len - 1).bit_length())
-    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+        return min(max_len, 1 << (tokens_so_far - 1).bit_length())
+    return slots_held(policy, longest, tokens_so_far, max_len, block_size)
 
 
-def paged_rounds_down(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+def paged_rounds_down(policy, longest, tokens_so_far, max_len, block_size):
     if policy == "paged":
         return tokens_so_far // block_size * block_size
-    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+    return slots_held(policy, longest, tokens_so_far, max_len, block_size)
 
 
-def paged_reserves_final(policy, prompt_len, output_len, tokens_so_far, max_len, block_size):
+def paged_reserves_final(policy, longest, tokens_so_far, max_len, block_size):
     if policy == "paged":
-        return -(-(prompt_len + output_len) // block_size) * block_size
-    return memory_sim.slots_held(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)
+        return -(-longest // block_size) * block_size
+    return slots_held(policy, longest, tokens_so_far, max_len, block_size)
 
 
 def test_slots_held_check():
-    assert check.slots_held(memory_sim.slots_held) is memory_sim.slots_held
-    assert check.slots_held(_stub) is memory_sim.slots_held
-    for bug in (pow2_of_prompt, paged_rounds_down, paged_reserves_final):
+    assert check.slots_held(slots_held) is slots_held
+    assert check.slots_held(_stub) is slots_held
+    for bug in (pow2_of_tokens_so_far, paged_rounds_down, paged_reserves_final):
         with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.4"):
             check.slots_held(bug)
 

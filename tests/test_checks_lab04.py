@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from inferlab.serving import metrics
-from inferlab.sim import simulator
 from inferlab.course.checks import CheckFailed, lab04
-from inferlab.serving.scheduler import (Status, Step, continuous_policy, make_static_policy,
+from inferlab.serving import metrics
+from inferlab.serving.request import Status
+from inferlab.serving.scheduler import (Step, continuous_policy, make_static_policy,
     static_policy)
 
 
@@ -147,7 +147,7 @@ CASES = {
     "request_metrics": (metrics_reference, [tpot_over_n, latency_from_first_token,
                                             tpot_zero_for_one_token]),
     "percentile": (metrics.percentile, [nearest_rank, unsorted_percentile]),
-    "static_slot_utilisation": (simulator.static_slot_utilisation,
+    "static_slot_utilisation": (metrics.static_slot_utilisation,
                                 [global_max_utilisation, utilisation_full_last_group]),
 }
 

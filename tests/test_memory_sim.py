@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.sim import memory_sim, traces
 from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
 from inferlab.serving.prefix_cache import PrefixCache, block_hashes, prefix_sharing_experiment
+from inferlab.serving.request import longest_tokens
+from inferlab.serving.reservation import RESERVATIONS, FirstFit, slots_held
+from inferlab.sim import memory_sim, traces
 
 
 def test_slots_held_per_policy():
-    f = memory_sim.slots_held
-    assert f("max_length", 100, 200, 150, max_len=2048) == 2048
-    assert f("power_of_two", 100, 200, 150) == 512
-    assert f("power_of_two", 100, 156, 100) == 256  # exactly a power of two
-    assert f("power_of_two", 1000, 1000, 1000, max_len=2048) == 2048
-    assert f("exact", 100, 200, 150) == 300
-    assert f("paged", 100, 200, 150, block_size=16) == 160
-    assert f("paged", 100, 200, 160, block_size=16) == 160
+    # A request with a 100-token prompt that stores 300 tokens at its longest
+    # (longest_tokens(100, 201) == 300), 150 of them so far.
+    f = slots_held
+    assert longest_tokens(100, 201) == 300
+    assert f("max_length", 300, 150, max_len=2048) == 2048
+    assert f("power_of_two", 300, 150) == 512
+    assert f("power_of_two", 256, 100) == 256  # exactly a power of two
+    assert f("power_of_two", 2000, 1000, max_len=2048) == 2048
+    assert f("exact", 300, 150) == 300
+    assert f("paged", 300, 150, block_size=16) == 160
+    assert f("paged", 300, 160, block_size=16) == 160
     with pytest.raises(ValueError):
-        f("exact", 100, 200, 99)
+        f("exact", 300, 301)
     with pytest.raises(ValueError):
-        f("buddy", 1, 1, 1)
+        f("buddy", 1, 1)
 
 
 def test_first_fit_merges_holes():
-    ff = memory_sim._FirstFit(10)
+    ff = FirstFit(10)
     a, b, c = ff.allocate(3), ff.allocate(3), ff.allocate(3)
     assert (a, b, c) == (0, 3, 6) and ff.allocate(2) is None
     ff.free(a, 3), ff.free(c, 3)
@@ -36,12 +41,12 @@ def test_first_fit_merges_holes():
 
 def test_simulation_accounts_for_every_slot_and_orders_policies():
     rows = traces.sharegpt_like(150)
-    results = {p: memory_sim.simulate(rows, p, capacity=8192) for p in memory_sim.POLICIES}
+    results = {p: memory_sim.simulate_memory(rows, p, capacity=8192) for p in RESERVATIONS}
     for r in results.values():
         total = r.token_fraction + r.reserved_fraction + r.internal_fraction + r.free_fraction
         assert total == pytest.approx(1.0)
-    tok = [results[p].token_fraction for p in memory_sim.POLICIES]
-    run = [results[p].mean_running for p in memory_sim.POLICIES]
+    tok = [results[p].token_fraction for p in RESERVATIONS]
+    run = [results[p].mean_running for p in RESERVATIONS]
     assert tok == sorted(tok) and run == sorted(run)  # max < pow2 < exact < paged
     assert results["max_length"].mean_running == pytest.approx(4.0)  # 8192 // 2048
     assert results["paged"].token_fraction > 0.9

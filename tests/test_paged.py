@@ -10,12 +10,19 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferlab.serving import paged_triton
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
+from inferlab.serving import paged_triton
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
-from inferlab.serving.paged_cache import PagedKVCache, gather_index, gather_kv
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.paged_attention import gather_index, gather_kv
+from inferlab.serving.paged_cache import PagedKVCache
+
+
+def paged_cache(model, num_blocks, block_size, **kw):
+    return PagedKVCache.for_model(model, ServingConfig(num_blocks=num_blocks,
+                                                       block_size=block_size), **kw)
 
 # ---------------------------------------------------------------------------- the allocator
 
@@ -259,7 +266,7 @@ def test_paged_ragged_decode_equals_per_sequence_contiguous(tiny):
     torch.manual_seed(0)
     lengths = [5, 33, 17, 1, 48]
     prompts = [torch.randint(0, 512, (n,)) for n in lengths]
-    cache = PagedKVCache.for_model(tiny, num_blocks=40, block_size=16, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=40, block_size=16, use_triton=False)
     tables = []
     for p in reversed(prompts):  # prefill one at a time, in a different order: scattered blocks
         t = cache.new_table()
@@ -281,7 +288,7 @@ def test_chunked_prefill_and_forked_decode(tiny):
     """A prompt prefilled in two chunks, forked into two samples that decode differently."""
     torch.manual_seed(1)
     prompt = torch.randint(0, 512, (21,))
-    cache = PagedKVCache.for_model(tiny, num_blocks=8, block_size=8, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=8, block_size=8, use_triton=False)
     t = cache.new_table()
     for chunk in (torch.arange(0, 13), torch.arange(13, 21)):
         t.append(len(chunk))
@@ -302,7 +309,7 @@ def test_chunked_prefill_and_forked_decode(tiny):
 
 
 def test_cache_validates_its_inputs(tiny):
-    cache = PagedKVCache.for_model(tiny, num_blocks=4, block_size=16, use_triton=False)
+    cache = paged_cache(tiny, num_blocks=4, block_size=16, use_triton=False)
     q = torch.zeros(1, 8, 1, 32)
     k = torch.zeros(1, 4, 1, 32)
     with pytest.raises(ValueError, match="bind"):
@@ -328,7 +335,9 @@ def test_triton_kernel_matches_gather_path():
     bt = torch.zeros(3, 3, dtype=torch.int32)
     for b, t in enumerate(tables):
         bt[b, :len(t.blocks)] = torch.tensor(t.blocks)
-    out = paged_triton.paged_decode_attention(q, kc, vc, bt.to(device),
+    # the cache's pool layout: keys (blocks, K, D, block_size), values (blocks, K, block_size, D)
+    out = paged_triton.paged_decode_attention(q, kc.permute(0, 2, 3, 1).contiguous(),
+                                              vc.transpose(1, 2).contiguous(), bt.to(device),
                                               torch.tensor(lengths, dtype=torch.int32).to(device))
     idx = gather_index(tables, lengths, device)
     mask = (torch.arange(40) < torch.tensor(lengths)[:, None])[:, None, None].to(device)
@@ -356,7 +365,7 @@ def test_model_decode_through_the_triton_path(tiny):
     torch.manual_seed(2)
     lengths = [3, 20, 9]
     prompts = [torch.randint(0, 512, (n,)) for n in lengths]
-    cache = PagedKVCache.for_model(tiny, num_blocks=12, block_size=16, use_triton=True)
+    cache = paged_cache(tiny, num_blocks=12, block_size=16, use_triton=True)
     tables = []
     for p in prompts:
         t = cache.new_table()
@@ -371,3 +380,41 @@ def test_model_decode_through_the_triton_path(tiny):
     logits = tiny(nxt[:, None], torch.tensor(lengths)[:, None], cache)[:, -1]
     ref = torch.stack([_contiguous_logits(tiny, p, x) for p, x in zip(prompts, nxt)])
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
+    from inferlab.serving import paged_cache
+
+    copies = []
+    real = paged_cache.to_device
+    monkeypatch.setattr(paged_cache, "to_device", lambda *a: copies.append(1) or real(*a))
+    tables = _scatter_tables([5, 17, 1], block_size=4, num_blocks=12, seed=3)
+    ids, pos, meta = paged_cache.prepare(tables, [[7], [8], [9]], 4, n_kv_heads=2, head_dim=8,
+                                         device=torch.device("cpu"))
+    assert len(copies) == 1
+    assert ids.tolist() == [[7], [8], [9]] and pos.tolist() == [[4], [16], [0]]
+    slots = meta.slot_blocks * 4 + meta.slot_offsets
+    assert slots.tolist() == [int(t.slot_mapping(torch.tensor(n - 1)))
+                              for t, n in zip(tables, [5, 17, 1])]
+    assert meta.context_lens == (5, 17, 1) and meta.block_tables.shape == (3, 5)
+    assert meta.mask.shape == (3, 1, 1, 20) and meta.mask.sum().item() == 5 + 17 + 1
+    with pytest.raises(ValueError, match="append"):
+        paged_cache.prepare(tables, [[1, 2]] * 3, 4, 2, 8, torch.device("cpu"))  # row 2 holds 1
+
+
+def test_the_fused_kernel_is_chosen_only_on_a_gpu(tiny):
+    import subprocess
+    import sys
+
+    assert not paged_cache(tiny, 4, 16).use_triton  # on a CPU, even under the interpreter
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from inferlab.serving import paged_triton as t; "
+            "assert not t.available('cpu'), 'available on a CPU without the interpreter'")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_generate_refuses_a_paged_cache_clearly(tiny):
+    from inferlab.model.generate import generate
+
+    with pytest.raises(TypeError, match="serve"):
+        generate(tiny, torch.tensor([1, 2, 3]), 2, cache=paged_cache(tiny, 4, 16))

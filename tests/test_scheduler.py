@@ -12,14 +12,23 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from inferlab.serving.engine import Engine, Request, drive
-from inferlab.model.generate import generate
 from inferlab.model.config import ModelConfig
+from inferlab.model.generate import generate
 from inferlab.model.llama import build_model
-from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
-from inferlab.serving.scheduler import (Scheduler, SchedulingError, Sequence, Status, Step,
-    continuous_policy, make_static_policy, static_policy)
-from inferlab.sim.simulator import VirtualClock
+from inferlab.serving.block_manager import OutOfBlocksError
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import Engine
+from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.request import Request, Sequence, Status
+from inferlab.serving.scheduler import (Scheduler, SchedulingError, Step, continuous_policy,
+    make_static_policy, static_policy)
+
+
+def scheduler(num_blocks, block_size=16, max_batch=32, policy=continuous_policy,
+              max_prefill_tokens=None):
+    return Scheduler(ServingConfig(block_size=block_size, num_blocks=num_blocks,
+                                   max_batch=max_batch, policy=policy,
+                                   max_prefill_tokens=max_prefill_tokens))
 
 
 # -- a model small enough for many examples; float64 so that batching never flips an argmax --
@@ -59,7 +68,7 @@ class CheckingRunner:
     def _check(self):
         held = [b for s in self.sched.running for b in s.table.blocks]
         assert len(held) == len(set(held)), "a block is owned twice"
-        assert len(held) + self.sched.allocator.num_free == self.sched.allocator.num_blocks
+        assert len(held) + self.sched.memory.num_free == self.sched.memory.num_blocks
         assert all(s.status is Status.WAITING and s.table is None for s in self.sched.waiting)
         assert not {id(s) for s in self.sched.waiting} & {id(s) for s in self.sched.running}
         assert len(self.sched.running) <= self.sched.max_batch
@@ -93,7 +102,7 @@ def test_scheduler_invariants_under_random_traces(data, setup, policy_name):
     num_blocks = data.draw(st.integers(need, 3 * need), label="num_blocks")  # tight memory
     policy = {"continuous": continuous_policy, "static": static_policy,
               "dynamic": make_static_policy(max_wait_s=0.005)}[policy_name]
-    sched = Scheduler(BlockAllocator(num_blocks), block_size, max_batch, policy)
+    sched = scheduler(num_blocks, block_size, max_batch, policy)
     preemptions = []
     original = sched.preempt
 
@@ -112,7 +121,7 @@ def test_scheduler_invariants_under_random_traces(data, setup, policy_name):
         assert seq.status is Status.FINISHED and seq.table is None
         assert seq.output == list(range(1, seq.max_new_tokens + 1))
         assert len(stamps[seq.seq_id]) == seq.max_new_tokens
-    assert sched.allocator.num_free == num_blocks, "blocks leaked"
+    assert sched.memory.num_free == num_blocks, "blocks leaked"
     assert not sched.waiting and not sched.running
     if policy_name != "continuous":
         assert not preemptions, "static batching reserves its blocks and never preempts"
@@ -126,16 +135,18 @@ def test_every_output_equals_generating_it_alone(data, block_size, max_batch, po
     longest = max(len(r.prompt) + r.max_new_tokens - 1 for r in requests)
     need = -(-longest // block_size)
     num_blocks = data.draw(st.integers(need, 2 * need), label="num_blocks")
-    engine = Engine(model(), num_blocks, block_size, max_batch, policy)
-    results = engine.run(requests)
-    event(f"{policy}: preempted" if engine.num_preemptions else f"{policy}: no preemption")
+    engine = Engine(model(), ServingConfig(block_size=block_size, num_blocks=num_blocks,
+                                           max_batch=max_batch, policy=policy))
+    run = engine.run(requests)
+    results = run.results
+    event(f"{policy}: preempted" if run.num_preemptions else f"{policy}: no preemption")
     assert [r.request_id for r in results] == [r.request_id for r in requests]
     for request, result in zip(requests, results):
         assert result.ok, result.error
         assert result.tokens == alone(request.prompt, request.max_new_tokens)
         assert result.timing.n_tokens == request.max_new_tokens
         assert result.timing.token_times_s[0] >= request.arrival_s
-    assert engine.cache.allocator.num_free == num_blocks
+    assert engine.cache.memory.num_free == num_blocks
 
 
 def test_preemption_by_recompute_happens_and_keeps_outputs_exact():
@@ -144,14 +155,15 @@ def test_preemption_by_recompute_happens_and_keeps_outputs_exact():
     gen = torch.Generator().manual_seed(1)
     requests = [Request(tuple(torch.randint(0, 512, (6,), generator=gen).tolist()), 20, 0.0)
                 for _ in range(6)]
-    engine = Engine(model(), num_blocks=10, block_size=4, max_batch=6)
-    results = engine.run(requests)
-    assert engine.num_preemptions > 0
+    engine = Engine(model(), ServingConfig(num_blocks=10, block_size=4, max_batch=6))
+    run = engine.run(requests)
+    results = run.results
+    assert run.num_preemptions > 0
     assert any(r.num_preemptions for r in results)
     assert results[0].num_preemptions == 0  # the oldest is never the victim while others run
     for request, result in zip(requests, results):
         assert result.tokens == alone(request.prompt, request.max_new_tokens)
-    victims = [v for it in engine.iterations for v in it.preempted]
+    victims = [v for it in run.iterations for v in it.preempted]
     assert victims and all(v != 0 for v in victims)
 
 
@@ -161,13 +173,13 @@ def seq(i, prompt_len, new, arrival=0.0):
 
 
 def test_latest_arrival_is_preempted_first():
-    sched = Scheduler(BlockAllocator(3), block_size=2, max_batch=4)
+    sched = scheduler(3, block_size=2, max_batch=4)
     a, b, c = seq(0, 2, 5, 0.0), seq(1, 2, 5, 1.0), seq(2, 2, 5, 2.0)
     for s in (c, a, b):  # added out of order: the queue sorts by arrival
         sched.add(s)
     assert sched.waiting == [a, b, c]
     step = sched.schedule()
-    assert step.prefills == [a, b, c] and sched.allocator.num_free == 0
+    assert step.prefills == [a, b, c] and sched.memory.num_free == 0
     sched.update(step, [7, 7, 7])
     step = sched.schedule()  # every sequence needs a third slot: a new block each
     assert step.preempted == [c, b] and step.decodes == [a]
@@ -176,7 +188,7 @@ def test_latest_arrival_is_preempted_first():
 
 
 def test_fcfs_admission_does_not_skip_a_request_that_does_not_fit():
-    sched = Scheduler(BlockAllocator(4), block_size=4, max_batch=8)
+    sched = scheduler(4, block_size=4, max_batch=8)
     big, small = seq(0, 12, 2, 0.0), seq(1, 1, 2, 1.0)
     running = seq(2, 4, 8, -1.0)
     for s in (running, big, small):
@@ -184,13 +196,13 @@ def test_fcfs_admission_does_not_skip_a_request_that_does_not_fit():
     sched.admit(running)
     running.output.append(1)  # its decode this step needs a 5th slot: a second block
     step = sched.schedule()
-    assert step.decodes == [running] and sched.allocator.num_free == 2
+    assert step.decodes == [running] and sched.memory.num_free == 2
     # the big prompt needs 3 blocks and waits; the small one would fit but may not jump the queue
     assert step.prefills == [] and small.status is Status.WAITING
 
 
 def test_max_batch_and_prefill_budget():
-    sched = Scheduler(BlockAllocator(100), block_size=4, max_batch=2, max_prefill_tokens=10)
+    sched = scheduler(100, block_size=4, max_batch=2, max_prefill_tokens=10)
     for i in range(4):
         sched.add(seq(i, 8, 3, float(i)))
     step = sched.schedule()
@@ -203,7 +215,7 @@ def test_max_batch_and_prefill_budget():
 
 
 def test_static_batch_admits_nobody_until_it_is_done_and_pads_finished_rows():
-    sched = Scheduler(BlockAllocator(100), block_size=4, max_batch=2, policy=static_policy)
+    sched = scheduler(100, block_size=4, max_batch=2, policy=static_policy)
     short, long_, late = seq(0, 3, 1), seq(1, 3, 4), seq(2, 3, 1, 0.5)
     sched.add(short), sched.add(long_)
     step = sched.schedule()
@@ -213,7 +225,7 @@ def test_static_batch_admits_nobody_until_it_is_done_and_pads_finished_rows():
     sched.add(late)
     for _ in range(3):
         step = sched.schedule()
-        assert step.decodes == [long_] and step.padding == [short] and not step.prefills
+        assert step.decodes == [long_] and sched.padding == [short] and not step.prefills
         sched.update(step, [5])
     step = sched.schedule()  # the batch is over: it leaves as a whole, the late one starts
     assert step.prefills == [late] and short.status is Status.FINISHED
@@ -222,7 +234,7 @@ def test_static_batch_admits_nobody_until_it_is_done_and_pads_finished_rows():
 
 def test_dynamic_batching_waits_for_its_window():
     policy = make_static_policy(max_wait_s=0.5)
-    sched = Scheduler(BlockAllocator(100), block_size=4, max_batch=3, policy=policy)
+    sched = scheduler(100, block_size=4, max_batch=3, policy=policy)
     sched.add(seq(0, 3, 2, 0.0))
     step = sched.schedule(now=0.1)
     assert step.is_empty and step.wake_at_s == pytest.approx(0.5)
@@ -230,7 +242,7 @@ def test_dynamic_batching_waits_for_its_window():
 
 
 def test_a_request_that_can_never_fit_is_refused():
-    sched = Scheduler(BlockAllocator(2), block_size=4)
+    sched = scheduler(2, block_size=4)
     with pytest.raises(ValueError, match="could never finish"):
         sched.add(seq(0, 8, 2))
 
@@ -257,7 +269,7 @@ def test_policies_that_break_the_rules_are_stopped():
     for policy, message in [(runs_a_waiting_sequence, "not running"),
                             (forgets_a_running_sequence, "got no token"),
                             (no_slot, "block table holds")]:
-        sched = Scheduler(BlockAllocator(20), block_size=4, max_batch=4, policy=policy)
+        sched = scheduler(20, block_size=4, max_batch=4, policy=policy)
         sched.add(seq(0, 3, 4))
         sched.add(seq(1, 3, 4, 0.1))
         with pytest.raises(SchedulingError, match=message):
@@ -267,7 +279,7 @@ def test_policies_that_break_the_rules_are_stopped():
 
 
 def test_actions_refuse_wrong_states():
-    sched = Scheduler(BlockAllocator(1), block_size=4)
+    sched = scheduler(1, block_size=4)
     a, b = seq(0, 4, 1), seq(1, 4, 1)
     sched.add(a), sched.add(b)
     sched.admit(a)
@@ -281,4 +293,31 @@ def test_actions_refuse_wrong_states():
     with pytest.raises(SchedulingError):
         sched.retire(a)  # not finished yet
     with pytest.raises(ValueError):
-        Scheduler(BlockAllocator(1), max_batch=0)
+        scheduler(1, max_batch=0)
+
+
+def test_a_sequence_is_done_at_an_end_of_sequence_token():
+    sched = scheduler(10, block_size=4)
+    s = Sequence.of(0, Request((1, 2, 3), 10, eos_token_ids=(7, 8)))
+    sched.add(s)
+    step = sched.schedule()
+    assert sched.update(step, [5]) == [] and s.status is Status.RUNNING
+    step = sched.schedule()
+    assert sched.update(step, [8]) == [s]  # a stop token, long before max_new_tokens
+    assert s.status is Status.FINISHED and s.finish_reason == "stop" and s.output == [5, 8]
+    assert sched.memory.num_free == 10
+
+
+def test_the_scheduler_admits_through_a_contiguous_reservation():
+    from inferlab.serving.reservation import ContiguousManager
+
+    memory = ContiguousManager(100, "exact", max_len=64)
+    sched = Scheduler(ServingConfig(max_batch=8), memory)
+    a, b, c = seq(0, 10, 31), seq(1, 20, 31), seq(2, 30, 31)  # regions of 40, 50 and 60 slots
+    for s in (a, b, c):
+        sched.add(s)
+    step = sched.schedule()
+    assert step.prefills == [a, b] and memory.num_free == 10  # c's 60 slots do not fit
+    assert (a.table.slots_held, b.table.slots_held) == (40, 50)
+    with pytest.raises(ValueError, match="never finish"):
+        sched.add(seq(3, 60, 10))  # 69 tokens at its longest, beyond max_len

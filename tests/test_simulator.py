@@ -6,13 +6,21 @@ import pytest
 import torch
 
 from inferlab.analysis import formulas
-from inferlab.serving.engine import Engine, Request
+from inferlab.analysis.capacity import kv_blocks_for_device
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
 from inferlab.model.llama import build_model
-from inferlab.sim.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device, simulate,
-    static_slot_utilisation, trace_requests)
-from inferlab.sim.traces import TraceRow
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import Engine
+from inferlab.serving.metrics import static_slot_utilisation
+from inferlab.serving.request import Request
+from inferlab.sim.simulator import FittedCosts, RooflineCosts, simulate
+from inferlab.sim.traces import TraceRow, trace_requests
+
+
+def serving(num_blocks, block_size=16, max_batch=32, policy="continuous"):
+    return ServingConfig(block_size=block_size, num_blocks=num_blocks, max_batch=max_batch,
+                         policy=policy)
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,8 @@ def reqs(*specs):
 
 def test_a_timeline_computed_by_hand():
     # A (3 tokens) and B (2 tokens) arrive at 0; C (1 token) at 10 s, when the engine is idle.
-    result = simulate(reqs((4, 3, 0.0), (4, 2, 0.0), (4, 1, 10.0)), Flat(), num_blocks=16,
-                      block_size=4, max_batch=4)
+    result = simulate(reqs((4, 3, 0.0), (4, 2, 0.0), (4, 1, 10.0)), Flat(),
+                      serving(num_blocks=16, block_size=4, max_batch=4))
     a, b, c = result.timings
     assert a.token_times_s == (1.0, 2.5, 3.0)  # prefill A, prefill B, decode, decode
     assert b.token_times_s == (2.0, 2.5)
@@ -43,7 +51,7 @@ def test_a_timeline_computed_by_hand():
 
 def test_static_batching_timeline_and_padding():
     # max_batch 2: A and B form a batch; C arrives at 0 too but waits for the batch to end.
-    result = simulate(reqs((4, 3, 0.0), (4, 1, 0.0), (4, 1, 0.0)), Flat(), 16, 4, 2, "static")
+    result = simulate(reqs((4, 3, 0.0), (4, 1, 0.0), (4, 1, 0.0)), Flat(), serving(16, 4, 2, "static"))
     a, b, c = result.timings
     assert a.token_times_s == (1.0, 2.5, 3.0) and b.token_times_s == (2.0,)
     assert c.token_times_s == (4.0,)
@@ -54,8 +62,8 @@ def test_continuous_beats_static_on_a_skewed_trace():
     rows = [TraceRow(i, 8, 2 if i % 4 else 40) for i in range(32)]
     requests = trace_requests(rows, [0.0] * len(rows))
     costs = FittedCosts((1e-3, 0.0, 0.0), (2e-3, 1e-5, 0.0))
-    cont = simulate(requests, costs, 400, 16, 8, "continuous").summary()
-    stat = simulate(requests, costs, 400, 16, 8, "static").summary()
+    cont = simulate(requests, costs, serving(400, 16, 8, "continuous")).summary()
+    stat = simulate(requests, costs, serving(400, 16, 8, "static")).summary()
     assert cont.throughput > 1.5 * stat.throughput
     assert cont.ttft.p99 < stat.ttft.p99
 
@@ -77,14 +85,14 @@ def test_the_simulator_makes_the_engine_s_decisions():
     model = build_model(config, seed=0)
     rows = [TraceRow(i, 3 + 5 * (i % 3), 1 + 7 * (i % 4)) for i in range(10)]
     requests = trace_requests(rows, [0.0] * 10, config.vocab_size, seed=0)
-    engine = Engine(model, num_blocks=12, block_size=4, max_batch=4)
-    engine.run(requests)
-    assert engine.num_preemptions > 0
-    sim = simulate(requests, Flat(), 12, 4, 4)
+    engine = Engine(model, serving(num_blocks=12, block_size=4, max_batch=4))
+    run = engine.run(requests)
+    assert run.num_preemptions > 0
+    sim = simulate(requests, Flat(), serving(12, 4, 4))
     shape = lambda its: [([p[0] for p in it.prefills], it.decode_ids, it.preempted) for it in its]  # noqa: E731
-    assert shape(sim.iterations) == shape(engine.iterations)
-    assert sim.num_preemptions == engine.num_preemptions
-    fit = FittedCosts.from_iterations(engine.iterations)
+    assert shape(sim.iterations) == shape(run.iterations)
+    assert sim.num_preemptions == run.num_preemptions
+    fit = FittedCosts.from_iterations(run.iterations)
     assert min(fit.prefill + fit.decode) >= 0 and fit.decode_s(4, 100) > 0
 
 

@@ -9,7 +9,8 @@ ipywidgets calculator a notebook shows when ipywidgets is installed (``show_capa
 
 The worked example is the PagedAttention paper's Table 1 (Kwon et al. 2023): OPT-13B, which
 has Llama-2-13B's attention shape, on one A100-40GB keeps 26 GB of weights and 12 GB for the
-cache, 15.7K token slots at 800 KB per token.
+cache, 15.7K token slots at 800 KB per token (``paper_pool_slots``). ``kv_blocks_for_device``
+counts the KV blocks a table device holds beside a model's weights, for the simulator.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from inferlab.analysis.figures import legend_outside
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model.config import ModelConfig, model_presets
 from inferlab.analysis.widgets import redrawing, widget_or_figure
+from inferlab.serving.config import BLOCK_SIZE
 
 # Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
 # Fig. 1 leaves about 2 GB of an A100-40GB for them beside 26 GB of weights and 12 GB of cache.
 DEFAULT_ACTIVATION_RESERVE = 2e9
+PAPER_KV_GIB = 12  # KV memory of OPT-13B on one A100-40GB (Kwon et al. 2023, Table 1 / Sec. 3)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,22 @@ def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
         max_requests=formulas.max_concurrent_requests(config, spec.memory, context, kv_dtype,
                                                       activation_reserve, weight_dtype, w),
     )
+
+
+def kv_blocks_for_device(config: ModelConfig, spec: DeviceSpec, dtype: str = "bfloat16",
+                         block_size: int = BLOCK_SIZE, activation_reserve: float = 0.0) -> int:
+    """KV blocks that fit on a table device beside ``config``'s weights (``formulas``)."""
+    budget = formulas.kv_memory_budget(config, spec.memory, dtype, activation_reserve)
+    if budget <= 0:
+        raise ValueError(f"{config.name}'s weights do not fit in {spec.name}'s memory")
+    return formulas.kv_token_slots(config, budget, dtype) // block_size
+
+
+def paper_pool_slots() -> int:
+    """Token slots in 12 GiB of KV for a 13B model of OPT-13B's shape (Llama-2-13B, fp16):
+    the pool of the PagedAttention paper's memory experiment."""
+    config = ModelConfig.from_name("llama-2-13b")
+    return PAPER_KV_GIB * 2**30 // formulas.kv_bytes_per_token(config, "float16")
 
 
 def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b"),

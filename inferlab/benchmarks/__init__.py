@@ -1,6 +1,10 @@
 """Benchmarks anyone can rerun: ``python -m inferlab.benchmarks.<name> --help``.
 
 Each prints what it measured and on what; those meant for a GPU refuse politely on a CPU and
-record their results, with provenance, in ``data/measurements/``. ``gpu_suite`` runs every
-solved lab and every GPU benchmark on a GPU in one command, within eight minutes.
+record their results, with provenance, in ``data/measurements/``. They take their sizes from
+the device profile (``inferlab.device``) and their mechanisms from the package's public
+modules; nothing in the labs or the book imports a benchmark. ``prefill`` compares the model
+with Hugging Face transformers where transformers is installed (it is not a requirement).
+``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
+eight minutes.
 """

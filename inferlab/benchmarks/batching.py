@@ -5,8 +5,9 @@
     python -m inferlab.benchmarks.batching --threads 1        # on a CPU shared with others
     python -m inferlab.benchmarks.batching --profile large-gpu --out data/measurements/x.json
 
-One trace (the ShareGPT-like lengths of ``inferlab.sim.traces``, scaled to the device, with Poisson
-arrivals) is served twice by the same engine and model: once with static batching, once with
+One trace (``inferlab.sim.traces.sharegpt_requests``: ShareGPT-like lengths scaled to the device,
+with Poisson arrivals; sizes from the device profile's ``serving``) is served twice by the same
+engine and model: once with static batching, once with
 continuous batching. The offered load is the same, high enough to keep both busy, so the
 throughput ratio measures how much of the hardware each policy uses. Then the discrete-event
 simulator predicts both runs, and its relative error in throughput is printed for two
@@ -23,89 +24,45 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from inferlab.sim import traces
-from inferlab.device import check_dtype, choose_profile, get_profile
-from inferlab.serving.engine import Engine, summarize_results
+from inferlab.analysis.capacity import kv_blocks_for_device
 from inferlab.analysis.hardware import detect_device, get_device_spec
-from inferlab.serving.metrics import Summary
+from inferlab.device import check_dtype, choose_profile, get_profile
+from inferlab.measurements import write_record
 from inferlab.model.config import ModelConfig
 from inferlab.model.llama import build_model
-from inferlab.sim.simulator import (FittedCosts, RooflineCosts, kv_blocks_for_device,
-    measure_costs_for, simulate, trace_requests)
-from inferlab.measurements import write_record
+from inferlab.serving.config import BLOCK_SIZE, ServingConfig
+from inferlab.serving.engine import pool_blocks, serve
+from inferlab.serving.loop import Run
+from inferlab.serving.metrics import Summary
+from inferlab.sim import traces
+from inferlab.sim.simulator import FittedCosts, RooflineCosts, measure_costs_for, simulate
+
+COMPARED = ("static", "continuous")  # names in inferlab.serving.scheduler.POLICIES
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """How big the experiment is on one class of device."""
-
-    model: str          # a row of data/models.csv
-    requests: int       # requests in the trace
-    scale: float        # factor on the trace's prompt and output lengths
-    max_batch: int      # sequences decoded at once
-    rate: float         # offered load, requests per second (Poisson)
-    rates: tuple[float, ...]  # the sweep for the latency-throughput curve
-
-
-SIZES = {
-    "cpu": Sizes("tiny", 96, 1 / 8, 16, 100.0, (10.0, 25.0, 50.0, 100.0)),
-    "small-gpu": Sizes("small", 128, 1 / 2, 64, 50.0, (5.0, 10.0, 20.0, 50.0)),
-    "large-gpu": Sizes("llama-2-7b", 256, 1.0, 64, 20.0, (1.0, 2.0, 4.0, 8.0, 20.0)),
-}
-POLICIES = ("static", "continuous")
-
-
-def make_trace(n: int, scale: float, rate: float, vocab_size: int, max_len: int, seed: int = 0):
-    """``n`` ShareGPT-like requests, lengths times ``scale``, arriving at ``rate`` per second."""
-    rows = traces.scale_lengths(traces.sharegpt_like(n, seed=seed), scale, max_len=max_len)
-    arrivals = traces.poisson_arrivals(n, rate, seed=seed)
-    return trace_requests(rows, arrivals, vocab_size, seed=seed)
-
-
-def blocks_for(requests, max_batch: int, block_size: int) -> int:
-    """Enough blocks for ``max_batch`` copies of the longest request: no memory pressure."""
-    longest = max(len(r.prompt) + r.max_new_tokens for r in requests)
-    return max_batch * -(-longest // block_size)
-
-
-def fit_blocks(model, wanted: int, block_size: int = 16, fraction: float = 0.8) -> int:
-    """``wanted`` blocks, or on a GPU as many as fit in ``fraction`` of its free memory."""
-    if model.device.type != "cuda":
-        return wanted
-    c = model.config
-    block_bytes = 2 * c.n_layers * block_size * c.n_kv_heads * c.head_dim * \
-        torch.empty((), dtype=model.dtype).element_size()
-    free, _ = torch.cuda.mem_get_info(model.device)
-    return max(1, min(wanted, int(free * fraction) // block_bytes))
-
-
-def serve_both(model, requests, num_blocks: int, block_size: int = 16,
-               max_batch: int = 32) -> dict[str, tuple[Summary, int, list]]:
-    """Serve ``requests`` with each policy: ``{policy: (summary, preemptions, iterations)}``.
+def serve_both(model, requests, config: ServingConfig) -> dict[str, Run]:
+    """Serve ``requests`` with each policy under ``config``: ``{policy: run}``.
 
     Each engine (and its KV cache) is dropped before the next one is built.
     """
     out = {}
-    for policy in POLICIES:
-        engine = Engine(model, num_blocks, block_size, max_batch, policy)
-        results = engine.run(requests)
-        bad = [r.error for r in results if not r.ok]
+    for policy in COMPARED:
+        run = serve(model, requests, config.replace(policy=policy))
+        bad = [r.error for r in run.results if not r.ok]
         if bad:
             raise ValueError(f"{len(bad)} requests were refused, e.g. {bad[0]}")
-        out[policy] = (summarize_results(results), engine.num_preemptions, engine.iterations)
-        del engine
+        out[policy] = run
         if model.device.type == "cuda":
             torch.cuda.empty_cache()
     return out
 
 
 def simulator_error(costs: dict[str, FittedCosts], requests, measured: dict[str, Summary],
-                    num_blocks: int, block_size: int, max_batch: int) -> dict[str, dict]:
+                    config: ServingConfig) -> dict[str, dict]:
     """Predicted vs measured throughput for each policy and each calibration.
 
     ``costs`` maps a calibration's name to its fitted step costs; the relative error is
@@ -115,7 +72,7 @@ def simulator_error(costs: dict[str, FittedCosts], requests, measured: dict[str,
     for policy, summary in measured.items():
         row = {"measured_tok_s": summary.throughput}
         for name, c in costs.items():
-            predicted = simulate(requests, c, num_blocks, block_size, max_batch, policy).summary()
+            predicted = simulate(requests, c, config.replace(policy=policy)).summary()
             row[f"predicted_tok_s_{name}"] = predicted.throughput
             row[f"relative_error_{name}"] = predicted.throughput / summary.throughput - 1
         out[policy] = row
@@ -123,19 +80,19 @@ def simulator_error(costs: dict[str, FittedCosts], requests, measured: dict[str,
 
 
 def extrapolate(model_name: str, device_name: str, n: int, rate: float, max_batch: int,
-                block_size: int = 16, efficiency: float = 1.0, seed: int = 0) -> dict:
+                block_size: int = BLOCK_SIZE, efficiency: float = 1.0, seed: int = 0) -> dict:
     """Simulate the full-size trace for a table model on a table GPU (roofline step times)."""
     config = ModelConfig.from_name(model_name)
     spec = get_device_spec(device_name)
     costs = RooflineCosts.for_device(config, spec, efficiency=efficiency)
     num_blocks = kv_blocks_for_device(config, spec, block_size=block_size)
     rows = traces.sharegpt_like(n, seed=seed)
-    requests = trace_requests(rows, traces.poisson_arrivals(n, rate, seed=seed))
+    requests = traces.trace_requests(rows, traces.poisson_arrivals(n, rate, seed=seed))
     out = {"model": model_name, "device": spec.name, "efficiency": efficiency,
            "num_blocks": num_blocks, "rate": rate}
-    for policy in POLICIES:
-        out[policy] = simulate(requests, costs, num_blocks, block_size, max_batch,
-                               policy).summary().row()
+    serving = ServingConfig(block_size=block_size, num_blocks=num_blocks, max_batch=max_batch)
+    for policy in COMPARED:
+        out[policy] = simulate(requests, costs, serving.replace(policy=policy)).summary().row()
     out["ratio"] = out["continuous"]["throughput_tok_s"] / out["static"]["throughput_tok_s"]
     return out
 
@@ -160,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rate", type=float, default=None, help="requests per second")
     parser.add_argument("--rates", type=float, nargs="*", default=None,
                         help="also sweep these rates (the latency-throughput curve)")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--min-run-time", type=float, default=0.05,
                         help="seconds per calibration timing")
@@ -174,14 +131,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     profile = get_profile(args.profile) if args.profile else choose_profile()
-    sizes = SIZES[profile.name]
+    sizes = profile.serving
     device = args.device or profile.device
     dtype = check_dtype(args.dtype or profile.dtype, device)
     if args.threads:
         torch.set_num_threads(args.threads)
     model_name = args.model or sizes.model
     n = args.requests or sizes.requests
-    scale = args.scale or sizes.scale
+    scale = args.scale or sizes.length_scale
     max_batch = args.max_batch or sizes.max_batch
     rate = args.rate or sizes.rate
     bs = args.block_size
@@ -191,35 +148,37 @@ def main(argv=None) -> int:
     print(f"{model_name} ({str(dtype).removeprefix('torch.')}) on {info.name}, "
           f"{torch.get_num_threads()} CPU thread(s); profile {profile.name}")
 
-    requests = make_trace(n, scale, rate, model.config.vocab_size, ctx)
-    num_blocks = fit_blocks(model, blocks_for(requests, max_batch, bs), bs)
+    requests = traces.sharegpt_requests(n, scale, rate, model.config.vocab_size, ctx)
+    config = ServingConfig(block_size=bs, max_batch=max_batch)
+    config = config.replace(num_blocks=pool_blocks(model, requests, config))
+    num_blocks = config.num_blocks
     mean_in = sum(len(r.prompt) for r in requests) / n
     mean_out = sum(r.max_new_tokens for r in requests) / n
     print(f"trace: {n} ShareGPT-like requests x{scale:g} (mean prompt {mean_in:.1f}, output "
           f"{mean_out:.1f} tokens), Poisson at {rate:g} req/s; max batch {max_batch}, "
           f"{num_blocks} blocks of {bs}")
 
-    serve_both(model, requests[: min(n, 4)], num_blocks, bs, max_batch)  # warm-up
+    serve_both(model, requests[: min(n, 4)], config)  # warm-up
     start = time.perf_counter()
-    runs = serve_both(model, requests, num_blocks, bs, max_batch)
-    measured = {p: s for p, (s, _, _) in runs.items()}
+    runs = serve_both(model, requests, config)
+    measured = {p: run.summary() for p, run in runs.items()}
     ratio = measured["continuous"].throughput / measured["static"].throughput
     print(f"served both in {time.perf_counter() - start:.1f} s:")
     for policy, s in measured.items():
         print(_line(policy, s))
     print(f"  continuous / static throughput: {ratio:.2f}x  (preemptions: "
-          f"{runs['continuous'][1]})")
+          f"{runs['continuous'].num_preemptions})")
 
     # Calibrate the simulator twice: on step times the engine logged while serving ANOTHER
     # trace (in place, as the runs see them), and on isolated micro-benchmarks (time_fn).
-    calibration = make_trace(max(8, n // 4), scale, rate, model.config.vocab_size, ctx, seed=1)
-    cal_runs = serve_both(model, calibration, num_blocks, bs, max_batch)
+    calibration = traces.sharegpt_requests(max(8, n // 4), scale, rate, model.config.vocab_size,
+                                           ctx, seed=1)
+    cal_runs = serve_both(model, calibration, config)
     costs = {"calibration_run": FittedCosts.from_iterations(
-                 cal_runs["static"][2] + cal_runs["continuous"][2],
+                 cal_runs["static"].iterations + cal_runs["continuous"].iterations,
                  "fitted to the steps of a calibration run on another trace"),
-             "microbenchmarks": measure_costs_for(model, requests, max_batch, bs,
-                                                  args.min_run_time)}
-    errors = simulator_error(costs, requests, measured, num_blocks, bs, max_batch)
+             "microbenchmarks": measure_costs_for(model, requests, config, args.min_run_time)}
+    errors = simulator_error(costs, requests, measured, config)
     for policy, e in errors.items():
         print(f"  simulator, {policy:10s}: measured {e['measured_tok_s']:9.1f} tok/s; predicted "
               f"{e['predicted_tok_s_calibration_run']:9.1f} when calibrated on a run of another "
@@ -229,8 +188,9 @@ def main(argv=None) -> int:
 
     curve = []
     for r in args.rates or ():
-        reqs = make_trace(n, scale, r, model.config.vocab_size, ctx)
-        for policy, (s, _, _) in serve_both(model, reqs, num_blocks, bs, max_batch).items():
+        reqs = traces.sharegpt_requests(n, scale, r, model.config.vocab_size, ctx)
+        for policy, run in serve_both(model, reqs, config).items():
+            s = run.summary()
             curve.append({"rate": r, "policy": policy, **s.row()})
             print(f"rate {r:6.1f}/s" + _line(policy, s))
 
@@ -249,7 +209,7 @@ def main(argv=None) -> int:
                   "model": model_name, "dtype": str(dtype).removeprefix("torch."),
                   "requests": n, "length_scale": scale, "rate_req_s": rate,
                   "max_batch": max_batch, "block_size": bs, "num_blocks": num_blocks,
-                  "preemptions": runs["continuous"][1],
+                  "preemptions": runs["continuous"].num_preemptions,
                   "throughput_ratio": ratio,
                   "static": measured["static"].row(), "continuous": measured["continuous"].row(),
                   "simulator": {"costs": {k: {"prefill": c.prefill, "decode": c.decode}

@@ -1,6 +1,7 @@
 """Chapter 1's numbers for the machine it runs on: its roofline and batch-1 decode on it.
 
     python -m inferlab.benchmarks.roofline            # sizes from the device profile
+    python -m inferlab.benchmarks.roofline --threads 1  # on a CPU that other programs share
     python -m inferlab.benchmarks.roofline --json out.json
 
 Measures memory bandwidth (a large copy) and peak matmul FLOP/s in the profile's dtype, gives
@@ -8,6 +9,12 @@ the ridge point and critical batch size they imply, then times one batch-1 decod
 profile's decode model and reports it against the bandwidth floor (weight bytes per step /
 measured bandwidth). Lab 1 does the same step by step; this is the one-command version. A GPU run
 is recorded in ``data/measurements/``.
+
+On a CPU that other programs share, use ``--threads 1``: every one of the ~100 operations of a
+decode step ends at a barrier where its threads meet, and when another program holds one of
+the cores the barrier waits a whole scheduler time slice. On the course's 2-core machine under
+a load of 3-4, batch-1 decode of 'small' took 97-1,365 ms with 2 threads and 44-52 ms with one,
+when the copy probe's floor is 45-63 ms.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 from inferlab.analysis import formulas
-from inferlab.benchmarks.kv_cache import cached_step_seconds
+from inferlab.analysis.decode_timing import cached_step_seconds
 from inferlab.device import bytes_per_element, choose_profile
 from inferlab.analysis.hardware import detect_device, measure_bandwidth, measure_peak_flops
 from inferlab.measurements import write_record
@@ -28,7 +37,11 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=None, help="also write the record here")
     parser.add_argument("--context", type=int, default=32, help="tokens in the cache (default 32)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, for the "
+                        "probes and the decode alike")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     profile = choose_profile()
     info = detect_device(profile.device)

@@ -54,7 +54,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0,
 def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt (B, T) through the model, storing its K/V; logits of the last token (B, V)."""
     positions = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
-    return model(tokens, positions, cache)[:, -1]
+    return model(tokens, positions, cache, last_only=True)[:, -1]  # no logits for the others
 
 
 @torch.inference_mode()
@@ -73,7 +73,12 @@ def generate(model, prompt, max_new_tokens: int, cache: KVCache | None = None,
     total = tokens.shape[1] + max_new_tokens - 1  # the last token is sampled, never stored
     if cache is None:
         cache = KVCache.for_model(model, tokens.shape[0], max_len=total)
-    # Caches other than KVCache (a paged one, say) may not expose these; check what is there.
+    if not hasattr(cache, "length"):  # e.g. a PagedKVCache: its rows have lengths of their own
+        raise TypeError(f"generate() needs a cache that stores one length for the whole batch "
+                        f"(cache.length), like inferlab.model.kv_cache.KVCache; a "
+                        f"{type(cache).__name__} has none. Serve requests over a paged cache "
+                        "with inferlab.serving.engine.serve")
+    # Other caches (a lab's own, say) may not expose these; check what is there.
     if getattr(cache, "batch", tokens.shape[0]) != tokens.shape[0]:
         raise ValueError(f"the cache holds {cache.batch} sequences but the prompt has "
                          f"{tokens.shape[0]}")

@@ -163,6 +163,9 @@ class KVCache:
         """Store the new k, v, then attend q (B, H, T, D) over every stored token (causally)."""
         k_all, v_all = self.update(layer, positions, k, v)  # (B, K, end, D)
         T, end = q.shape[-2], k_all.shape[-2]
+        if T == end:  # a prefill into an empty cache: plain causal attention, no mask to build
+            return F.scaled_dot_product_attention(q, k_all, v_all, is_causal=T > 1,
+                                                  enable_gqa=q.shape[1] != k_all.shape[1])
         mask = None
         if T > 1:  # query at position p sees keys 0..p
             mask = torch.arange(end, device=q.device) <= positions[:, None]  # (T, end)

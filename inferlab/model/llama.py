@@ -41,25 +41,28 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """Rotary tables for ``positions`` (T,) or (B, T): cos and sin of shape (..., T, D).
+    """Rotary tables for ``positions`` (T,) or (B, T): cos and signed sin, each (..., T, D).
 
     Pair i of each head is rotated by angle position x theta^(-2i/D); the two halves of the
-    head hold the pair's two coordinates (the Hugging Face "rotate_half" layout).
+    head hold the pair's two coordinates (the Hugging Face "rotate_half" layout). The sine table
+    carries the rotation's sign, -sin in the first half and +sin in the second, so that
+    ``apply_rope`` needs no negation. The model computes the tables once per forward and every
+    layer uses them.
     """
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device,
                                        dtype=torch.float32) / head_dim)  # (D/2,)
     angles = positions.float()[..., None] * inv_freq  # (..., T, D/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (..., T, D)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (B, H, T, D) by the tables (T, D) or (B, T, D)."""
+    """Rotate ``x`` (B, H, T, D) by the tables (T, D) or (B, T, D) of ``rope_cos_sin``."""
     if cos.dim() == 3:  # per-sequence positions: (B, T, D) -> (B, 1, T, D)
         cos, sin = cos[:, None], sin[:, None]
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)  # the pair's other coordinate
+    return x * cos + swapped * sin
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -84,13 +87,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, kv_out, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_out, d, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rope``: the tables of ``rope_cos_sin`` for ``positions`` (computed here if None)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rope is None:
+            rope = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is None:
             out = causal_attention(q, k, v)
         else:
@@ -121,8 +127,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
         self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
 
-    def forward(self, x, positions, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+    def forward(self, x, positions, cache=None, rope=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -148,8 +154,12 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache=None) -> torch.Tensor:
-        """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1)."""
+                cache=None, last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1).
+
+        With ``last_only``, the logits of the last position only, (B, 1, V): all that sampling
+        the next token needs, so a prefill skips the vocabulary projection of every other token.
+        """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
         T = tokens.shape[1]
@@ -165,8 +175,12 @@ class Llama(nn.Module):
                 raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
                                  f"[{int(tokens.min())}, {int(tokens.max())}]")
         x = self.model.embed_tokens(tokens)  # (B, T, d)
+        c = self.config
+        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)  # once, for every layer
         for layer in self.model.layers:
-            x = layer(x, positions, cache)
+            x = layer(x, positions, cache, rope)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.model.norm(x))  # (B, T, V)
 
     @property

@@ -1,8 +1,13 @@
 """The serving engine: many requests over one paged KV cache, scheduled one iteration at a time.
 
-Read in this order: ``block_manager`` (the block allocator and block tables), ``paged_cache``
-(the K/V pool and its attention; ``paged_triton``, the fused GPU kernel), ``scheduler`` (who
-prefills, decodes or is preempted each step), ``engine`` (the model runner, the loop and
-``serve``), ``metrics`` (TTFT, TPOT, percentiles, goodput), ``prefix_cache`` (sharing the
-blocks of a common prompt start).
+Read in this order: ``config`` (``ServingConfig``, the one object of sizes every part reads),
+``request`` (a request, the sequence the engine makes of it, its longest length),
+``block_manager`` (blocks, block tables, the paged memory the scheduler admits through),
+``reservation`` (the contiguous reservations paging replaced, with the same interface),
+``scheduler`` (who prefills, decodes or is preempted each step), ``paged_cache`` (the K/V pool
+and each forward's attention metadata), ``paged_attention`` (attention read in place on any
+device; ``paged_triton``, the fused GPU kernel), ``runner`` (one step on the model), ``loop``
+(the loop every run goes through, and the ``Run`` it returns), ``engine`` (``serve``, the front
+door), ``metrics`` (TTFT, TPOT, percentiles, goodput), ``prefix_cache`` (sharing the blocks of a
+common prompt start).
 """

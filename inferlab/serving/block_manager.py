@@ -9,11 +9,16 @@ memory are empty, and it reserves nothing for tokens it has not produced yet.
 
 Read in this order:
 
+- ``blocks_for``: how many blocks hold a number of tokens (ceil division), the one count of it.
 - ``BlockAllocator``: the free list and the reference counts. It alone decides which block is
   free; everything else asks it.
 - ``BlockTable``: one sequence's list of blocks. ``append`` grows it (allocating only at block
   boundaries), ``slot_mapping`` turns token positions into physical slots, ``fork`` shares every
   block with a child (parallel sampling, beam search) and copy-on-write separates them again.
+- ``BlockManager``: what the scheduler admits through: one allocator, one block size, and the
+  admission rule (enough free blocks for a sequence's tokens, leaving a ``watermark`` free).
+  ``inferlab.serving.reservation`` has the contiguous managers of the systems before paging,
+  with the same interface.
 
 Copy-on-write: a forked table shares its parent's blocks. Full blocks never change again, so
 sharing them is free. A partly filled last block would be written by both, so a table that
@@ -22,8 +27,8 @@ one (the last sharer then writes in place) and queues a copy (source, destinatio
 allocator; the cache (``inferlab.serving.paged_cache``) runs the queued copies before the next
 forward writes anything (vLLM's ``blocks_to_copy``).
 
-Only the scheduler (through ``BlockTable``) changes which blocks a sequence owns; the cache and
-the model only read the tables. The K/V tensors themselves live in
+Only the scheduler (through ``BlockManager`` and ``BlockTable``) changes which blocks a sequence
+owns; the cache and the model only read the tables. The K/V tensors themselves live in
 ``inferlab.serving.paged_cache``.
 """
 
@@ -34,6 +39,11 @@ from collections import deque
 import torch
 
 from inferlab.validation import positive_ints
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens: ceil(tokens / block_size)."""
+    return -(-tokens // block_size)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -129,20 +139,29 @@ class BlockTable:
     def _needs_copy(self, n_new: int) -> bool:
         """Whether appending would write into a shared, partly filled last block."""
         return (n_new > 0 and self.num_tokens % self.block_size != 0
-                and self.allocator.refcount(self.blocks[-1]) > 1)
+                and self.allocator._refcounts[self.blocks[-1]] > 1)
+
+    def _fits_in_place(self, n_new: int) -> bool:
+        """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
+        return (self.num_tokens % self.block_size != 0
+                and self.num_tokens + n_new <= len(self.blocks) * self.block_size
+                and self.allocator._refcounts[self.blocks[-1]] == 1)
 
     def blocks_needed(self, n_new: int) -> int:
         """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
         if n_new < 0:
             raise ValueError(f"n_new must be >= 0, got {n_new}")
-        total = -(-(self.num_tokens + n_new) // self.block_size)  # ceil division
+        total = blocks_for(self.num_tokens + n_new, self.block_size)
         return total - len(self.blocks) + int(self._needs_copy(n_new))
 
     def can_append(self, n_new: int) -> bool:
-        return self.allocator.can_allocate(self.blocks_needed(n_new))
+        return self._fits_in_place(n_new) or self.allocator.can_allocate(self.blocks_needed(n_new))
 
     def append(self, n_new: int) -> None:
         """Make room for ``n_new`` more tokens; raises OutOfBlocksError with nothing changed."""
+        if n_new >= 0 and self._fits_in_place(n_new):  # a decode step, most of the time
+            self.num_tokens += n_new
+            return
         needed = self.blocks_needed(n_new)
         if not self.allocator.can_allocate(needed):
             raise OutOfBlocksError(f"appending {n_new} tokens needs {needed} free blocks but "
@@ -166,6 +185,11 @@ class BlockTable:
         blocks = torch.tensor(self.blocks, dtype=torch.long, device=positions.device)
         return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
 
+    @property
+    def slots_held(self) -> int:
+        """Token slots this table holds: whole blocks, filled or not."""
+        return len(self.blocks) * self.block_size
+
     def fork(self) -> "BlockTable":
         """A child table sharing every block (reference counts + 1); writes copy on demand."""
         child = BlockTable(self.allocator, self.block_size)
@@ -181,3 +205,52 @@ class BlockTable:
 
     def __repr__(self) -> str:
         return f"BlockTable(tokens={self.num_tokens}, blocks={self.blocks})"
+
+
+class BlockManager:
+    """Paged KV memory as the scheduler sees it: ``num_blocks`` blocks of ``block_size`` tokens.
+
+    A sequence is admitted when the blocks for the tokens it brings are free and, after taking
+    them, ``watermark`` of the pool still is (vLLM keeps 1% back, so that running sequences have
+    blocks to grow into and preemption stays rare). It then grows one block at a time; nothing
+    is reserved for tokens it has not produced.
+    """
+
+    reserves_ahead = False  # holds only the blocks of the tokens stored so far
+
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        positive_ints(num_blocks=num_blocks, block_size=block_size)
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must lie in [0, 1), got {watermark!r}")
+        self.allocator = BlockAllocator(num_blocks)
+        self.block_size = block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def blocks_for(self, tokens: int) -> int:
+        return blocks_for(tokens, self.block_size)
+
+    def can_hold(self, longest: int) -> bool:
+        """Whether one sequence of ``longest`` stored tokens fits the pool at all."""
+        return self.blocks_for(longest) <= self.num_blocks
+
+    def can_allocate(self, tokens: int, longest: int) -> bool:
+        """Whether a sequence bringing ``tokens`` tokens may be admitted now."""
+        return self.allocator.can_allocate(self.blocks_for(tokens) + self.watermark_blocks)
+
+    def allocate(self, tokens: int, longest: int) -> BlockTable:
+        """A new table holding ``tokens`` tokens; OutOfBlocksError, changing nothing, if no room."""
+        table = BlockTable(self.allocator, self.block_size)
+        table.append(tokens)
+        return table
+
+    def __repr__(self) -> str:
+        return (f"BlockManager({self.num_free}/{self.num_blocks} blocks of {self.block_size} "
+                "free)")

@@ -15,6 +15,9 @@ request's arrival time:
 - **Goodput** = requests per second that met a service-level objective (SLO) on TTFT and TPOT,
   the quantity DistServe (Zhong et al., OSDI 2024) optimises instead of raw throughput.
 
+``static_slot_utilisation`` predicts how much of its decode slots static batching uses, which
+bounds what continuous batching can gain (Chapter 4, Exercise 4.4).
+
 Operators report percentiles (p50, p95, p99) rather than means: a mean hides the tail, and the
 tail is what a service promises. Percentiles here use linear interpolation between the two
 nearest ranks, the convention of ``numpy.percentile``.
@@ -195,3 +198,21 @@ def summarize(timings: Sequence[RequestTiming], slo: SLO | None = None) -> Summa
                    tpot=Percentiles.of(t.tpot for t in done),
                    latency=Percentiles.of(t.latency for t in done),
                    slo=slo, slo_attainment=attainment, goodput=goodput)
+
+
+def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
+    """Useful share of decode slots when requests run in static batches of ``batch_size``.
+
+    Consecutive groups of ``batch_size`` requests each hold every one of their slots until the
+    group's longest output is done: useful tokens / (group size x longest output), summed over
+    groups. If a decode step costs the same at any batch size (memory-bound), continuous
+    batching's throughput gain over static batching is about 1 / this.
+    """
+    if batch_size <= 0 or not output_lens:
+        raise ValueError("need a positive batch size and at least one output length")
+    useful = reserved = 0
+    for i in range(0, len(output_lens), batch_size):
+        group = output_lens[i:i + batch_size]
+        useful += sum(group)
+        reserved += len(group) * max(group)
+    return useful / reserved

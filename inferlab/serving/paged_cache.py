@@ -1,83 +1,178 @@
-"""The paged K/V pool and its attention: K/V written and read through block tables.
+"""The paged K/V pool: where each forward's new K/V go, and what each row attends over.
 
-The pool holds every layer's K and V in fixed-size blocks, shaped (L, blocks, block_size, K, D);
-which block belongs to which sequence is the block manager's business
-(``inferlab.serving.block_manager``). ``PagedKVCache.bind`` says which sequences the next forward
-runs (and runs the queued copy-on-write copies first); ``attend`` (called by the model once per
-layer) writes the new K/V through each sequence's slot mapping and attends each row over its own
-blocks. On a GPU, decode attention reads K/V straight through the block table with a Triton
-kernel (``inferlab.serving.paged_triton``); elsewhere ``attend`` gathers the blocks into a
-contiguous tensor and calls ``scaled_dot_product_attention``.
+The pool holds every layer's K and V in fixed-size blocks: keys (L, blocks, K, D, block_size)
+and values (L, blocks, K, block_size, D), so one block of one KV head is one contiguous tile,
+keys transposed as vLLM stores them. Decode attention reads the tiles where they lie: on a CPU
+with two ``embedding_bag`` sums (``inferlab.serving.paged_attention.paged_decode``), on a GPU
+with the fused Triton kernel (``inferlab.serving.paged_triton``); a prefill over cached tokens
+gathers them into the (B, K, N, D) layout SDPA reads. Which block belongs to which sequence is
+the block manager's business (``inferlab.serving.block_manager``).
+
+Once per forward, not once per layer, the model runner turns the batch's block tables into an
+``AttentionMetadata`` (nano-vllm's ``prepare_prefill`` / ``prepare_decode``): where each new
+token's K/V go (block and offset), each row's context length and block table, and the rows the
+attention reads and the mask. They are built from Python lists and reach the
+device in ONE copy (``prepare``), so a step costs no host-device round trip per sequence, and
+``attend`` (called by the model at every layer) only writes and reads. Row b's T new tokens are
+always the last T tokens of its table; rows may differ in context length (ragged decode), and
+``query_lens`` already describes rows of different lengths, for batched prefill later.
+
+``bind(tables, metadata)`` says which sequences the next forward runs (and runs the queued
+copy-on-write copies first). Given only the tables, ``bind`` prepares the metadata at the first
+layer from the number of new tokens, which is what hand-written loops in the labs do.
 """
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from inferlab.serving.block_manager import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockManager, BlockTable
+from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
+    paged_decode)
 from inferlab.validation import positive_ints
 
 
-def gather_index(tables: list[BlockTable], lengths: list[int],
-                 device: str | torch.device = "cpu") -> torch.Tensor:
-    """Slots (B, N) of tokens 0..lengths[b]-1 of each table; N = max(lengths), padded with 0.
+def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """int64 tensors of several host lists, moved to ``device`` in one copy (pinned on a GPU)."""
+    sizes = [len(x) for x in lists]
+    host = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory().to(device, non_blocking=True)
+    elif host.device != device:
+        host = host.to(device)
+    return list(host.split(sizes))
 
-    Padding points at slot 0, which holds some other sequence's K/V: mask those keys out.
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Everything one forward's attention needs, shared by every layer.
+
+    Host-side (plain Python): ``query_lens`` (new tokens of each row) and ``context_lens`` (keys
+    each row attends over: the tokens its table holds). Device-side: the physical block and
+    offset of each new token (rows one after another), the block tables (B, W) padded with block
+    0, and the context lengths. A decode adds the rows ``paged_decode`` reads, a prefill over
+    cached tokens the tiles to gather; both add the mask. A forward whose rows hold nothing but
+    their new tokens attends those directly (``from_scratch``).
     """
-    idx = torch.zeros(len(tables), max(lengths), dtype=torch.long, device=device)
-    for b, (table, n) in enumerate(zip(tables, lengths)):
-        idx[b, :n] = table.slot_mapping(torch.arange(n, device=device))
-    return idx
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    slot_blocks: torch.Tensor       # (sum of query_lens,)
+    slot_offsets: torch.Tensor      # (sum of query_lens,)
+    block_tables: torch.Tensor      # (B, W)
+    context: torch.Tensor           # (B,)
+    fused: bool                     # decode through the Triton kernel
+    from_scratch: bool              # every row's context is its new tokens: nothing to read
+    key_rows: torch.Tensor | None = None    # (B*H*W, D): decode, see paged_decode
+    value_rows: torch.Tensor | None = None  # (B*H, W*S)
+    gather: torch.Tensor | None = None  # (B*K*W,) tiles to gather (prefill over cached tokens)
+    mask: torch.Tensor | None = None    # (B, 1, T, W*block_size) keys each query sees; None: all
+
+    @property
+    def batch(self) -> int:
+        return len(self.query_lens)
 
 
-def gather_kv(pool: torch.Tensor, index: torch.Tensor,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """K or V from one layer's pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D).
+def prepare(tables: list[BlockTable], tokens: list[list[int]], block_size: int, n_kv_heads: int,
+            head_dim: int, device: torch.device, fused: bool = False, group: int = 1):
+    """Input ids (B, T), positions (B, T) and the ``AttentionMetadata`` of one forward.
 
-    ``out`` (rows, K, D) with rows >= B * N is a buffer to gather into. Reusing one matters on a
-    CPU: a fresh buffer of tens of MB at every layer costs more in page faults than the copy.
+    ``tokens[b]`` are row b's new tokens: the last ``len(tokens[b])`` of its table (every row the
+    same length for now). ``group`` query heads share a KV head of ``head_dim``. Everything is
+    computed from Python lists and moved in one copy.
     """
-    B, N = index.shape
-    flat = index.reshape(-1)
-    if out is None:
-        rows = pool.index_select(0, flat)
-    else:
-        rows = torch.index_select(pool, 0, flat, out=out[: flat.numel()])
-    return rows.view(B, N, *pool.shape[1:]).transpose(1, 2)  # (B, K, N, D)
+    T = len(tokens[0])
+    if any(len(t) != T for t in tokens):
+        raise ValueError("every row of a forward must bring the same number of new tokens")
+    ctx = [t.num_tokens for t in tables]
+    for b, n in enumerate(ctx):
+        if n < T:
+            raise ValueError(f"row {b} runs {T} new tokens but its table holds {n}; call "
+                             "table.append first")
+    positions = [range(n - T, n) for n in ctx]
+    width = max(len(t.blocks) for t in tables)
+    ids, pos, blocks, offsets, table_rows, context = to_device([
+        [x for row in tokens for x in row],
+        [p for ps in positions for p in ps],
+        [t.blocks[p // block_size] for t, ps in zip(tables, positions) for p in ps],
+        [p % block_size for ps in positions for p in ps],
+        [b for t in tables for b in t.blocks + [0] * (width - len(t.blocks))],
+        ctx], device)
+    B = len(tables)
+    block_tables = table_rows.view(B, width)
+    from_scratch = all(n == T for n in ctx)
+    fused = fused and T == 1 and not from_scratch
+    key_rows = value_rows = gather = mask = None
+    if not (from_scratch or fused):
+        if T == 1:
+            key_rows, value_rows = decode_index(block_tables, n_kv_heads, group, head_dim,
+                                                block_size)
+        else:
+            gather = block_gather_index(block_tables, n_kv_heads)
+        keys = width * block_size
+        if T > 1 or any(n != keys for n in ctx):  # padded keys, or causal within the new tokens
+            key_pos = torch.arange(keys, device=device)
+            mask = (key_pos <= pos.view(B, T, 1))[:, None]  # (B, 1, T, keys)
+    meta = AttentionMetadata(tuple([T] * B), tuple(ctx), blocks, offsets, block_tables,
+                             context, fused, from_scratch, key_rows, value_rows, gather, mask)
+    return ids.view(B, T), pos.view(B, T), meta
 
 
 class PagedKVCache:
-    """The paged K/V pool for every layer: (L, num_blocks, block_size, K, D) for K and for V."""
+    """The paged K/V pool of every layer: keys (L, blocks, K, D, block_size), values
+    (L, blocks, K, block_size, D); ``n_heads`` query heads share the ``n_kv_heads``."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
-                 block_size: int = 16, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", use_triton: bool | None = None):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, memory: BlockManager,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 use_triton: bool | None = None, n_heads: int | None = None):
+        n_heads = n_kv_heads if n_heads is None else n_heads
         positive_ints("PagedKVCache ", n_layers=n_layers, n_kv_heads=n_kv_heads,
-                      head_dim=head_dim, num_blocks=num_blocks, block_size=block_size)
-        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
-        self.allocator = BlockAllocator(num_blocks)
+                      head_dim=head_dim, n_heads=n_heads)
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        S = memory.block_size
+        self.k = torch.zeros((n_layers, memory.num_blocks, n_kv_heads, head_dim, S), dtype=dtype,
+                             device=device)
+        self.v = torch.zeros((n_layers, memory.num_blocks, n_kv_heads, S, head_dim), dtype=dtype,
+                             device=device)
+        self.group = n_heads // n_kv_heads
+        self.memory = memory
+        self.block_size = memory.block_size
         self.tables: list[BlockTable] = []
-        self._plan = None  # per-forward index tensors, shared by every layer
-        self._gathered: dict[str, torch.Tensor] = {}  # reused gather buffers, grown on demand
-        if use_triton is None:  # the fused kernel where it can run, the gather path elsewhere
+        self.metadata: AttentionMetadata | None = None
+        self._lazy = False  # the metadata was prepared at layer 0 and lasts one forward
+        self._buffers: dict[str, torch.Tensor] = {}  # reused gather buffers (prefill with context)
+        if use_triton is None:  # the fused kernel on a GPU that can run it, the gather elsewhere
             from inferlab.serving import paged_triton
-            use_triton = paged_triton.available(self.k.device)
+            use_triton = self.k.device.type == "cuda" and paged_triton.available(self.k.device)
         self.use_triton = use_triton
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = 16, **kw) -> "PagedKVCache":
-        """A pool shaped for ``model`` (an ``inferlab.model.llama.Llama``), in its dtype and device."""
+    def for_model(cls, model, config, use_triton: bool | None = None) -> "PagedKVCache":
+        """A pool shaped for ``model`` (an ``inferlab.model.llama.Llama``) with the blocks of
+        ``config`` (a ``ServingConfig``), in the model's dtype and on its device."""
+        if config.num_blocks is None:
+            raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
-        return cls(c.n_layers, c.n_kv_heads, c.head_dim, num_blocks, block_size,
-                   model.dtype, model.device, **kw)
+        memory = BlockManager(config.num_blocks, config.block_size, config.watermark)
+        return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
+                   use_triton, c.n_heads)
+
+    @property
+    def allocator(self):
+        return self.memory.allocator
 
     @property
     def num_blocks(self) -> int:
         return self.k.shape[1]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
@@ -94,7 +189,12 @@ class PagedKVCache:
             self.k[:, dest] = self.k[:, source]
             self.v[:, dest] = self.v[:, source]
 
-    def bind(self, tables: list[BlockTable]) -> None:
+    def prepare(self, tables: list[BlockTable], tokens: list[list[int]]):
+        """``prepare`` for this pool: input ids, positions and metadata of one forward."""
+        return prepare(tables, tokens, self.block_size, self.n_kv_heads, self.k.shape[3],
+                       self.k.device, self.use_triton, self.group)
+
+    def bind(self, tables: list[BlockTable], metadata: AttentionMetadata | None = None) -> None:
         """Say which sequences the next forward runs: row b of the batch is ``tables[b]``.
 
         Each table must already have room for the new tokens (``table.append``). Queued
@@ -103,71 +203,49 @@ class PagedKVCache:
         for table in tables:
             if table.allocator is not self.allocator:
                 raise ValueError("a table from another allocator was bound to this cache")
+        if metadata is not None and metadata.batch != len(tables):
+            raise ValueError(f"metadata for {metadata.batch} rows, {len(tables)} tables bound")
         self.copy_pending()
-        self.tables = list(tables)
-        self._plan = None
+        self.tables, self.metadata, self._lazy = list(tables), metadata, False
 
-    def _make_plan(self, positions: torch.Tensor, T: int):
-        B = len(self.tables)
-        if positions.dim() == 1:
-            positions = positions.expand(B, T)
-        if tuple(positions.shape) != (B, T):
-            raise ValueError(f"positions have shape {tuple(positions.shape)}, expected {(B, T)} "
-                             f"(the batch has {B} bound tables)")
-        lengths = [int(p) + 1 for p in positions[:, -1].tolist()]  # causal: keys 0..last
-        for b, (table, n) in enumerate(zip(self.tables, lengths)):
-            if n > table.num_tokens:
-                raise ValueError(f"row {b} writes position {n - 1} but its table holds "
-                                 f"{table.num_tokens} tokens; call table.append first")
-        slots = torch.stack([t.slot_mapping(p) for t, p in zip(self.tables, positions)])  # (B, T)
-        plan = dict(lengths=lengths, slots=slots.reshape(-1))
-        if not (self.use_triton and T == 1):  # the gather path: slot index and causal mask
-            mask = torch.arange(max(lengths), device=positions.device) <= positions[:, :, None]
-            plan.update(mask=mask[:, None],  # (B, 1, T, N)
-                        gather=gather_index(self.tables, lengths, self.k.device))
-        else:
-            width = max(len(t.blocks) for t in self.tables)
-            table = torch.zeros(B, width, dtype=torch.int32)
-            for b, t in enumerate(self.tables):
-                table[b, :len(t.blocks)] = torch.tensor(t.blocks, dtype=torch.int32)
-            plan["block_table"] = table.to(self.k.device)
-            plan["context_lens"] = torch.tensor(lengths, dtype=torch.int32, device=self.k.device)
-        return plan
-
-    def _buffer(self, name: str, rows: int) -> torch.Tensor:
-        """A (>= rows, K, D) buffer for gathered K or V, kept between layers and steps."""
-        buf = self._gathered.get(name)
-        if buf is None or buf.shape[0] < rows:
-            buf = torch.empty(rows, *self.k.shape[3:], dtype=self.k.dtype, device=self.k.device)
-            self._gathered[name] = buf
-        return buf
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
-        """Write k, v (B, K, T, D) at ``positions`` (B, T); attend q (B, H, T, D) causally."""
-        B, H, T, D = q.shape
+    def _prepare_at_first_layer(self, q: torch.Tensor, positions: torch.Tensor) -> None:
+        B, T = q.shape[0], q.shape[2]
         if len(self.tables) != B:
             raise ValueError(f"the batch has {B} rows but {len(self.tables)} tables are bound; "
                              "call cache.bind(tables) before the forward")
-        K = self.k.shape[3]
-        if tuple(k.shape) != (B, K, T, D) or tuple(v.shape) != (B, K, T, D):
-            raise ValueError(f"k, v have shapes {tuple(k.shape)}, {tuple(v.shape)}; expected "
-                             f"{(B, K, T, D)} (batch, KV heads, new tokens, head_dim)")
-        if k.dtype != self.k.dtype:
-            raise TypeError(f"k is {k.dtype} but the cache holds {self.k.dtype}")
-        if self._plan is None or self._plan["source"] is not positions:
-            self._plan = self._make_plan(positions, T)
-            self._plan["source"] = positions
-        plan = self._plan
-        k_pool = self.k[layer].view(-1, K, D)  # (num_slots, K, D)
-        v_pool = self.v[layer].view(-1, K, D)
-        k_pool[plan["slots"]] = k.transpose(1, 2).reshape(B * T, K, D)
-        v_pool[plan["slots"]] = v.transpose(1, 2).reshape(B * T, K, D)
-        if "block_table" in plan:
+        _, pos, self.metadata = self.prepare(self.tables, [[0] * T] * B)
+        given = positions.expand(B, T) if positions.dim() == 1 else positions
+        if given.device.type == "cpu" and not torch.equal(given.to(pos.device), pos):
+            raise ValueError("the positions passed to the model are not the last tokens of the "
+                             "bound tables: append to each table first, then run its newest "
+                             "tokens")
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """Write k, v (B, K, T, D) into the pool; attend q (B, H, T, D) causally over each row."""
+        if self.metadata is None:  # bound without metadata: prepare it once, at layer 0
+            self._prepare_at_first_layer(q, positions)
+            self._lazy = True
+        meta = self.metadata
+        if self._lazy and layer == self.k.shape[0] - 1:  # prepared for this forward only
+            self.metadata, self._lazy = None, False
+        B, H, T, D = q.shape
+        K = self.k.shape[2]
+        if B != meta.batch or k.shape != (B, K, T, D) or k.dtype != self.k.dtype:
+            raise ValueError(f"k is {tuple(k.shape)} {k.dtype}; expected {(B, K, T, D)} "
+                             f"{self.k.dtype} for the {meta.batch} bound rows")
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
+        rows = B * T
+        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k.transpose(1, 2).reshape(rows, K, D)
+        v_pool[meta.slot_blocks, :, meta.slot_offsets] = v.transpose(1, 2).reshape(rows, K, D)
+        if meta.from_scratch:  # nothing cached before these tokens: attend them directly
+            return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=H != K)
+        if meta.fused:
             from inferlab.serving.paged_triton import paged_decode_attention
-            return paged_decode_attention(q, self.k[layer], self.v[layer], plan["block_table"],
-                                          plan["context_lens"])
-        k_all = gather_kv(k_pool, plan["gather"], self._buffer("k", plan["gather"].numel()))
-        v_all = gather_kv(v_pool, plan["gather"], self._buffer("v", plan["gather"].numel()))
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=plan["mask"],
+            return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.context)
+        if meta.key_rows is not None:  # decode: read the blocks in place
+            mask = None if meta.mask is None else meta.mask[:, :, 0]  # (B, 1, keys)
+            return paged_decode(q, k_pool, v_pool, meta.key_rows, meta.value_rows, mask)
+        k_all, v_all = gather_blocks(k_pool, v_pool, meta.gather, B, self._buffers)  # (B, K, N, D)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=meta.mask,
                                               enable_gqa=H != K)

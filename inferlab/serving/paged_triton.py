@@ -1,8 +1,8 @@
 """A fused paged-decode attention kernel in Triton: K/V read straight through the block table.
 
-The CPU path of ``inferlab.serving.block_manager`` gathers each sequence's scattered blocks into a contiguous
-tensor and then attends: every K/V byte is moved twice (gather, then attention). This kernel
-reads each block where it lies, looking its physical id up in the block table, and keeps a
+The portable path (``inferlab.serving.paged_attention``) gathers each sequence's scattered
+blocks into a contiguous tensor and then attends: every K/V byte is moved twice (gather, then
+attention). This kernel reads each block where it lies, looking its physical id up in the block table, and keeps a
 running softmax (the online-softmax recurrence of Milakov & Gimelshein 2018, used by
 FlashAttention) so the scores never go to memory: one read of K/V per query head, one write of
 the output. It has the structure of the kernel of Kwon et al. 2023, Sec. 5.1 (one program per
@@ -12,10 +12,13 @@ separate passes (its v2 splits long sequences into 512-token partitions and merg
 one is the simplest online-softmax version: one block of ``block_size`` tokens per loop step,
 no partitions.
 
-Importing this module never fails: Triton is optional (it needs a CUDA GPU). ``available()``
-says whether the kernel can run here; ``paged_decode_attention`` raises a clear error where it
-cannot. The benchmark ``python -m inferlab.benchmarks.paged`` times it against gather-then-attend
-and contiguous attention on a GPU.
+Importing this module never fails: Triton is optional. CUDA builds of torch ship it; the
+course's pinned CPU environment installs it too, so that the tests run the kernel on the CPU
+under Triton's interpreter (``TRITON_INTERPRET=1``, slow but exact). ``available()`` says
+whether the kernel can run on a device; ``paged_decode_attention`` raises a clear error where it
+cannot. The cache uses it by default only on a GPU. The benchmark
+``python -m inferlab.benchmarks.paged`` times it against gather-then-attend and contiguous
+attention on a GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 
 import torch
 
-try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
+try:  # CUDA builds of torch ship Triton; the CPU wheel does not depend on it.
     import triton
     import triton.language as tl
     HAVE_TRITON = True
@@ -40,20 +43,21 @@ def _interpreting() -> bool:
 
 
 def available(device: str | torch.device = "cuda") -> bool:
-    """Whether the fused kernel can run on ``device``: Triton installed and a CUDA device."""
+    """Whether the fused kernel can run on ``device``: Triton installed, and a CUDA GPU for a
+    "cuda" device or Triton's interpreter (``TRITON_INTERPRET=1``) for a "cpu" one."""
     device = torch.device(device)
     if not HAVE_TRITON:
         return False
-    if _interpreting():
-        return True
-    return device.type == "cuda" and torch.cuda.is_available()
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    return device.type == "cpu" and _interpreting()
 
 
 if HAVE_TRITON:
     @triton.jit
     def _paged_decode_kernel(Q, K_cache, V_cache, Out, Block_table, Context_lens, scale,
-                             stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-                             stride_ob, stride_oh, stride_tb,
+                             stride_qb, stride_qh, stride_kb, stride_kh, stride_ks, stride_kd,
+                             stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_tb,
                              GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
         b = tl.program_id(0)   # sequence
@@ -71,15 +75,17 @@ if HAVE_TRITON:
         for i in range(0, tl.cdiv(context, BLOCK_SIZE)):
             block = tl.load(Block_table + b * stride_tb + i).to(tl.int64)  # physical block id
             tok_ok = i * BLOCK_SIZE + offs < context
-            kv = block * stride_kb + kv_head * stride_kh + offs[:, None] * stride_ks + d[None, :]
+            kt = (block * stride_kb + kv_head * stride_kh + offs[:, None] * stride_ks
+                  + d[None, :] * stride_kd)
             ok = tok_ok[:, None] & d_ok[None, :]
-            k = tl.load(K_cache + kv, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_SIZE, D)
+            k = tl.load(K_cache + kt, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_SIZE, D)
             s = tl.sum(k * q[None, :], axis=1) * scale                      # (BLOCK_SIZE,)
             s = tl.where(tok_ok, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             alpha = tl.exp(m_i - m_new)  # rescales what was summed under the old maximum
             p = tl.exp(s - m_new)
-            v = tl.load(V_cache + kv, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_SIZE, D)
+            vt = block * stride_vb + kv_head * stride_vh + offs[:, None] * stride_vs + d[None, :]
+            v = tl.load(V_cache + vt, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_SIZE, D)
             l_i = l_i * alpha + tl.sum(p, axis=0)
             acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
             m_i = m_new
@@ -92,9 +98,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float | None = None) -> torch.Tensor:
     """Decode attention of q (B, H, 1, D) over a paged cache, without gathering.
 
-    ``k_cache``, ``v_cache``: one layer's pool, (num_blocks, block_size, K, D), contiguous.
-    ``block_table``: (B, max_blocks) int32 physical block ids (padding never read).
-    ``context_lens``: (B,) int32, how many tokens each row attends over (its position + 1).
+    ``k_cache``: one layer's keys, (num_blocks, K, D, block_size); ``v_cache``: its values,
+    (num_blocks, K, block_size, D); both contiguous (the layout of
+    ``inferlab.serving.paged_cache``: one block of one KV head is one tile, keys transposed).
+    ``block_table``: (B, max_blocks) int32 or int64 physical block ids (padding never read).
+    ``context_lens``: (B,) int32 or int64, how many tokens each row attends over.
     Returns (B, H, 1, D), equal to ``scaled_dot_product_attention`` over the gathered K/V.
     """
     if not available(q.device):
@@ -103,8 +111,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     B, H, T, D = q.shape
     if T != 1:
         raise ValueError(f"paged_decode_attention handles decode (one query token), got T={T}")
-    num_blocks, block_size, K, Dk = k_cache.shape
-    if Dk != D or H % K:
+    num_blocks, K, Dk, block_size = k_cache.shape
+    if Dk != D or H % K or v_cache.shape != (num_blocks, K, block_size, D):
         raise ValueError(f"q has {H} heads of dim {D}; the cache has {K} KV heads of dim {Dk}")
     if block_size & (block_size - 1):
         raise ValueError(f"the kernel needs a power-of-two block_size, got {block_size}")
@@ -117,7 +125,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _paged_decode_kernel[(B, H)](
         q2, k_cache, v_cache, out, block_table, context_lens,
         1.0 / math.sqrt(D) if scale is None else scale,
-        q2.stride(0), q2.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q2.stride(0), q2.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(3),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), block_table.stride(0),
         GROUP=H // K, BLOCK_SIZE=block_size, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D))
     return out[:, :, None]  # (B, H, 1, D)

@@ -3,107 +3,59 @@
 Orca (Yu et al., OSDI 2022) schedules a serving engine one iteration at a time instead of one
 batch at a time: before every forward pass the scheduler re-forms the batch, so a finished
 request leaves at once and a waiting one joins at once. vLLM (Kwon et al., SOSP 2023) pairs
-that with the paged KV cache (``inferlab.serving.block_manager``): a request is admitted when the blocks for
-its prompt are free, takes one more block each time it crosses a block boundary, and when the
-pool runs dry the scheduler *preempts*: it frees every block of the latest-arrived running
-request and puts it back in the waiting queue, to be recomputed from its prompt and the tokens
-it already produced (first come, first served; all or nothing).
+that with the paged KV cache (``inferlab.serving.block_manager``): a request is admitted when
+the blocks for its prompt are free, takes one more block each time it crosses a block boundary,
+and when the pool runs dry the scheduler *preempts*: it frees every block of the latest-arrived
+running request and puts it back in the waiting queue, to be recomputed from its prompt and the
+tokens it already produced (first come, first served; all or nothing).
+
+The scheduler admits through a memory manager: the paged ``BlockManager`` by default, or one of
+the contiguous reservations of ``inferlab.serving.reservation``, which is how Chapter 3's
+memory experiment runs through this same code.
 
 Read in this order:
 
-- ``Sequence``: one request's state (its prompt, its output so far, its block table).
 - ``Step``: what one forward pass will run: prefills, decodes, and who was preempted.
 - ``Scheduler``: the waiting and running queues and the only actions that change a sequence
-  (``admit``, ``append_slot``, ``preempt``, ``update``/``retire``), each with the check a policy
-  asks first (``can_admit``, ``can_append``). The model runner only reads sequences.
+  (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``), each with the
+  check a policy asks first (``can_admit``, ``can_append``). The model runner only reads
+  sequences.
 - ``continuous_policy`` and ``static_policy``: the two decisions the chapter compares, written
   with those actions. A policy is a function ``policy(scheduler, now) -> Step``.
 
 Token bookkeeping, the invariant the engine relies on: after each step that sampled a token for
 a sequence, its block table holds K/V for ``len(prompt) + len(output) - 1`` tokens; the newest
-token's K/V is written by the next decode step, which feeds that token in.
+token's K/V is written by the next decode step, which feeds that token in. A sequence is done
+after ``max_new_tokens`` tokens or at an end-of-sequence token, whichever comes first.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockTable
-from inferlab.validation import positive, positive_ints
+from inferlab.serving.block_manager import BlockManager
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.request import Sequence, Status
 
 
 class SchedulingError(RuntimeError):
     """A policy broke the rules: ran a sequence without room, or ran one twice in a step."""
 
 
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine. Only the ``Scheduler`` changes its fields."""
-
-    seq_id: int
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    arrival_s: float = 0.0
-    output: list[int] = field(default_factory=list)
-    status: Status = Status.WAITING
-    table: BlockTable | None = None
-    num_preemptions: int = 0
-
-    @property
-    def order(self) -> tuple[float, int]:
-        """First come, first served: by arrival time, then by id."""
-        return (self.arrival_s, self.seq_id)
-
-    @property
-    def tokens(self) -> list[int]:
-        """The prompt and every token produced so far: what a (re)computing prefill runs."""
-        return [*self.prompt, *self.output]
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
-
-    @property
-    def max_tokens(self) -> int:
-        """Tokens whose K/V the sequence stores at its longest (the last token is never fed)."""
-        return len(self.prompt) + self.max_new_tokens - 1
-
-    @property
-    def is_done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
-
-    def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt)}, "
-                f"output={len(self.output)}/{self.max_new_tokens}, "
-                f"preempted={self.num_preemptions})")
-
-
 @dataclass
 class Step:
     """One iteration: prefill each of ``prefills`` (alone), then decode ``decodes`` as a batch.
 
-    ``padding`` rows ride along in the decode batch without producing tokens: finished members
-    of a static batch, which hold their place until the whole batch is done (and cost as much
-    as real rows). With ``hold_finished``, a sequence that finishes this step stays in the
-    batch instead of retiring. ``wake_at_s`` lets a policy that chose to wait (dynamic
-    batching's window) say when it wants to be asked again.
+    ``wake_at_s`` lets a policy that chose to wait (dynamic batching's window) say when it wants
+    to be asked again.
     """
 
     prefills: list[Sequence] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    padding: list[Sequence] = field(default_factory=list)
-    hold_finished: bool = False
     wake_at_s: float | None = None
 
     @property
@@ -121,39 +73,54 @@ def _insert(queue: list[Sequence], seq: Sequence) -> None:
     bisect.insort(queue, seq, key=lambda s: s.order)
 
 
-class Scheduler:
-    """Waiting and running queues over one block pool; ``policy`` decides each step.
+def resolve_policy(policy) -> Callable[["Scheduler", float], Step]:
+    """A policy function from a name in ``POLICIES`` or a function ``policy(scheduler, now)``."""
+    if callable(policy):
+        return policy
+    try:
+        return POLICIES[policy]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown policy {policy!r}; use one of {sorted(POLICIES)} or pass a "
+                         "function policy(scheduler, now) -> Step") from None
 
-    ``max_batch`` caps how many sequences run at once (vLLM's ``max_num_seqs``) and
-    ``max_prefill_tokens`` how many prompt tokens one step may prefill (at least one prefill
-    always goes, however long).
+
+class Scheduler:
+    """Waiting and running queues over one KV memory; ``config.policy`` decides each step.
+
+    ``config.max_batch`` caps how many sequences run at once (vLLM's ``max_num_seqs``) and
+    ``config.max_prefill_tokens`` how many prompt tokens one step may prefill (at least one
+    prefill always goes, however long). ``memory`` defaults to a ``BlockManager`` of
+    ``config.num_blocks`` blocks of ``config.block_size`` tokens.
+
+    A finished sequence leaves the batch in ``update``, unless its policy ``hold``s it: static
+    batching keeps finished members as padding rows until its batch is over.
     """
 
-    def __init__(self, allocator: BlockAllocator, block_size: int = 16, max_batch: int = 32,
-                 policy: Callable[["Scheduler", float], Step] | None = None,
-                 max_prefill_tokens: int | None = None):
-        positive_ints(max_batch=max_batch)
-        if max_prefill_tokens is not None:
-            positive(max_prefill_tokens=max_prefill_tokens)
-        self.allocator = allocator
-        self.block_size = block_size
-        self.max_batch = max_batch
-        self.max_prefill_tokens = max_prefill_tokens or math.inf
-        self.policy = policy or continuous_policy
+    def __init__(self, config: ServingConfig, memory=None):
+        if memory is None:
+            if config.num_blocks is None:
+                raise ValueError("the scheduler needs config.num_blocks (or a memory manager)")
+            memory = BlockManager(config.num_blocks, config.block_size, config.watermark)
+        self.config = config
+        self.memory = memory
+        self.max_batch = config.max_batch
+        self.max_prefill_tokens = config.max_prefill_tokens or math.inf
+        self.policy = resolve_policy(config.policy)
         self.waiting: list[Sequence] = []   # sorted by arrival
         self.running: list[Sequence] = []   # sorted by arrival
         self.finished: list[Sequence] = []
         self.num_preemptions = 0
+        self._num_held = 0  # running sequences a policy holds (``hold``)
 
     # -- questions a policy asks ------------------------------------------------------------
     def blocks_for(self, n_tokens: int) -> int:
-        """Blocks that hold ``n_tokens`` tokens: ceil(n_tokens / block_size)."""
-        return -(-n_tokens // self.block_size)
+        """Blocks that hold ``n_tokens`` tokens in this scheduler's memory."""
+        return self.memory.blocks_for(n_tokens)
 
     def can_admit(self, seq: Sequence) -> bool:
-        """Whether ``seq`` may start running now: a batch slot and blocks for all its tokens."""
+        """Whether ``seq`` may start running now: a batch slot and memory for all its tokens."""
         return (len(self.running) < self.max_batch
-                and self.allocator.can_allocate(self.blocks_for(seq.num_tokens)))
+                and self.memory.can_allocate(seq.num_tokens, seq.max_tokens))
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether a running ``seq`` can get one more token slot (a new block if it needs one)."""
@@ -163,25 +130,32 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def padding(self) -> list[Sequence]:
+        """Finished sequences held in the batch (``hold``): rows that compute and produce nothing."""
+        if not self._num_held:
+            return []
+        return [s for s in self.running if s.held and s.is_done]
+
     # -- the actions: the only code that changes a sequence's state ------------------------
     def add(self, seq: Sequence) -> None:
         """A new request joins the waiting queue."""
         if seq.status is not Status.WAITING or seq.table is not None:
             raise SchedulingError(f"only new sequences can be added, got {seq!r}")
-        if self.blocks_for(seq.max_tokens) > self.allocator.num_blocks:
+        if not self.memory.can_hold(seq.max_tokens):
             raise ValueError(f"sequence {seq.seq_id} needs {self.blocks_for(seq.max_tokens)} "
                              f"blocks at its longest but the pool has "
-                             f"{self.allocator.num_blocks}: it could never finish")
+                             f"{self.memory.num_blocks}: it could never finish")
         _insert(self.waiting, seq)
 
     def admit(self, seq: Sequence) -> None:
-        """Move ``seq`` from waiting to running, with blocks for its prompt and output so far."""
+        """Move ``seq`` from waiting to running, with memory for its prompt and output so far."""
         if seq.status is not Status.WAITING:
             raise SchedulingError(f"admit: {seq!r} is not waiting")
         if len(self.running) >= self.max_batch:
             raise SchedulingError(f"admit: the batch is full ({self.max_batch} running)")
-        table = BlockTable(self.allocator, self.block_size)
-        table.append(seq.num_tokens)  # raises OutOfBlocksError, changing nothing, if no room
+        # raises OutOfBlocksError, changing nothing, if there is no room
+        table = self.memory.allocate(seq.num_tokens, seq.max_tokens)
         self.waiting.remove(seq)
         seq.table, seq.status = table, Status.RUNNING
         _insert(self.running, seq)
@@ -192,24 +166,34 @@ class Scheduler:
             raise SchedulingError(f"append_slot: {seq!r} is not running")
         seq.table.append(1)
 
+    def hold(self, seq: Sequence) -> None:
+        """Keep a running ``seq`` in the batch once it finishes, until the policy retires it."""
+        if seq.status is not Status.RUNNING:
+            raise SchedulingError(f"hold: {seq!r} is not running")
+        if not seq.held:
+            seq.held = True
+            self._num_held += 1
+
     def preempt(self, seq: Sequence) -> None:
-        """Free all of ``seq``'s blocks and send it back to wait; it will be recomputed."""
+        """Free all of ``seq``'s memory and send it back to wait; it will be recomputed."""
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"preempt: {seq!r} is not running")
         seq.table.free()
         self.running.remove(seq)
-        seq.table, seq.status = None, Status.WAITING
+        self._num_held -= seq.held
+        seq.table, seq.status, seq.held = None, Status.WAITING, False
         seq.num_preemptions += 1
         self.num_preemptions += 1
         _insert(self.waiting, seq)
 
     def retire(self, seq: Sequence) -> None:
-        """A finished ``seq`` leaves the batch and returns its blocks."""
+        """A finished ``seq`` leaves the batch and returns its memory."""
         if seq.status is not Status.RUNNING or not seq.is_done:
             raise SchedulingError(f"retire: {seq!r} is not a finished running sequence")
         seq.table.free()
         self.running.remove(seq)
-        seq.table, seq.status = None, Status.FINISHED
+        self._num_held -= seq.held
+        seq.table, seq.status, seq.held = None, Status.FINISHED, False
         self.finished.append(seq)
 
     def schedule(self, now: float = 0.0) -> Step:
@@ -228,7 +212,7 @@ class Scheduler:
             seq.output.append(int(token))
             if seq.is_done:
                 done.append(seq)
-                if not step.hold_finished:
+                if not seq.held:
                     self.retire(seq)
         return done
 
@@ -242,20 +226,18 @@ class Scheduler:
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
-                if seq.table.num_tokens != seq.num_tokens:
+                if seq.table.num_tokens != len(seq.prompt) + len(seq.output):
                     raise SchedulingError(
                         f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
                         f"tokens but the step needs room for {seq.num_tokens} (prefill: admit "
                         "gives room for every token; decode: call append_slot once)")
-        for seq in step.padding:
-            if seq.status is not Status.RUNNING or not seq.is_done or id(seq) in seen:
-                raise SchedulingError(f"padding row {seq!r} must be a finished member of the "
-                                      "running batch, not scheduled otherwise")
-            seen.add(id(seq))
-        for seq in self.running:
-            if id(seq) not in seen:
-                raise SchedulingError(f"{seq!r} is running but got no token this step: every "
-                                      "running sequence decodes in every step")
+                if seq.is_done:
+                    raise SchedulingError(f"{kind} of {seq!r}, which is already done")
+        if len(seen) + self._num_held < len(self.running) or self._num_held:
+            for seq in self.running:
+                if id(seq) not in seen and not (seq.held and seq.is_done):
+                    raise SchedulingError(f"{seq!r} is running but got no token this step: "
+                                          "every running sequence decodes in every step")
 
 
 def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
@@ -264,7 +246,7 @@ def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
     1. Every running sequence, oldest first, gets a slot for its next token. When the pool is
        empty, preempt the latest-arrived running sequence (possibly this one) until it fits.
     2. If nobody was preempted, admit waiting sequences in arrival order while a batch slot,
-       their blocks and the prefill-token budget allow; stop at the first that does not fit.
+       their memory and the prefill-token budget allow; stop at the first that does not fit.
     """
     step = Step()
     for seq in list(sched.running):  # oldest first; the list changes as we preempt
@@ -302,22 +284,22 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
     """Request-level (static) batching: form a batch, run it until its last member finishes.
 
     While a batch is in flight nobody joins it, and (with ``pad``, as FasterTransformer-style
-    engines do) members that finished stay in the decode batch as padding rows until the
-    longest is done. When the batch is over, the waiting requests (up to ``max_batch``, in
-    arrival order, while their full-length reservations fit) form the next one. With
-    ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to that long
-    after its oldest request arrived, hoping to fill. Prompts are prefilled one by one at their
-    own length (kinder to the baseline than padding them to the longest).
+    engines do) members that finished keep their row as padding until the longest is done: the
+    policy holds them (``sched.hold``), the runner computes their rows and drops what they
+    produce, and the policy retires them when the batch is over. Then the waiting requests (up
+    to ``max_batch``, in arrival order, while their full-length reservations fit) form the next
+    batch. With ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to
+    that long after its oldest request arrived, hoping to fill. Prompts are prefilled one by one
+    at their own length (kinder to the baseline than padding them to the longest).
     """
-    step = Step(hold_finished=pad)
+    step = Step()
     live = [s for s in sched.running if not s.is_done]
     if live:  # a batch is in flight
         for seq in live:
             sched.append_slot(seq)  # cannot fail: the batch reserved its blocks at launch
             step.decodes.append(seq)
-        step.padding = [s for s in sched.running if s.is_done]
         return step
-    for seq in list(sched.running):  # the batch is over: it leaves as a whole
+    for seq in list(sched.running):  # the batch is over: its held members leave with it
         sched.retire(seq)
     if not sched.waiting:
         return step
@@ -327,11 +309,13 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
         return step
     batch: list[Sequence] = []
     for seq in sched.waiting[:sched.max_batch]:
-        if static_reservation(sched, batch + [seq]) > sched.allocator.num_free:
+        if static_reservation(sched, batch + [seq]) > sched.memory.num_free:
             break
         batch.append(seq)
     for seq in batch:
         sched.admit(seq)
+        if pad:
+            sched.hold(seq)
         step.prefills.append(seq)
     return step
 

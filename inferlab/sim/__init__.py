@@ -1,7 +1,8 @@
 """Serving without a model: request traces, and runs whose step times are modelled, not measured.
 
-Read in this order: ``traces`` (ShareGPT- and Alpaca-like request lengths, Poisson arrivals),
-``memory_sim`` (where reserved KV memory goes under four reservation policies), ``simulator``
-(the engine's own scheduler and loop on a virtual clock), ``plots`` (timelines and
-latency-throughput curves).
+Read in this order: ``traces`` (ShareGPT- and Alpaca-like request lengths, Poisson arrivals, and
+the engine's requests made from them), ``memory_sim`` (the engine's scheduler and loop under
+four reservation schemes, recording where KV memory goes), ``simulator`` (the same loop on a
+virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``serve`` does),
+``plots`` (timelines and latency-throughput curves).
 """

@@ -1,23 +1,24 @@
-"""Where reserved KV memory goes: a small serving simulation under four reservation policies.
+"""Where reserved KV memory goes: the engine's loop under four reservation schemes.
 
 Kwon et al. 2023 (Fig. 2) measure how much of the KV-cache memory of earlier systems holds real
 token states: 20.4% to 38.2%, against 96.3% in vLLM. This module reproduces the experiment in
 miniature so a reader can see where the rest goes. A pool of ``capacity`` token slots serves a
-backlog of requests from a trace, one token per running request per step, under a policy that
-decides how many slots a request holds:
+backlog of requests from a trace, all waiting at time 0, with the engine's own scheduler and
+loop (``inferlab.serving.scheduler``, ``inferlab.serving.loop``): continuous batching, first
+come first served, preemption by recompute. Only the memory manager it admits through changes
+(``inferlab.serving.reservation``):
 
-- ``max_length``: one contiguous region of ``max_len`` slots, the longest sequence the model
-  allows (Orca-Max in the paper);
-- ``power_of_two``: a contiguous region of the next power of two at or above the request's
-  final length, as if the system knew it to within a factor of two (Orca-Pow2);
-- ``exact``: a contiguous region of exactly its final length, which needs an oracle (Orca-Oracle);
-- ``paged``: ``block_size``-token blocks taken one at a time as the sequence grows
-  (vLLM), simulated with the real ``inferlab.serving.block_manager`` allocator.
+- ``max_length``, ``power_of_two``, ``exact``: one contiguous region per request, reserved at
+  admission for its longest length (``longest_tokens``) rounded as the scheme says, placed
+  first fit, so freed regions leave holes (external fragmentation);
+- ``paged``: ``block_size``-token blocks taken one at a time as the sequence grows (vLLM), an
+  admission leaving ``watermark`` of the blocks free (vLLM's default is 1%).
 
-Contiguous regions are placed first-fit, so freed regions leave holes (external fragmentation).
-Every step the pool's slots are split into four kinds: token states (real K/V), reserved (slots a
-request will fill later), internal fragmentation (slots a request holds and will never fill) and
-free slots that the next waiting request cannot use (external fragmentation, or simply too few).
+The runner runs no model: it only records, at every step while some request is waiting (the
+pool, not the trace, limits the batch), where the pool's slots are: token states (real K/V),
+reserved (slots a request will fill later), internal fragmentation (slots a request holds and
+will never fill) and free slots the next waiting request cannot use (external fragmentation, or
+simply too few).
 
 Also here: ``sharing_saving``, the memory that copy-on-write saves when n parallel samples share
 their prompt's blocks.
@@ -28,74 +29,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable
+from inferlab.serving.config import BLOCK_SIZE, ServingConfig
+from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
+from inferlab.serving.scheduler import Scheduler
+from inferlab.sim.traces import trace_requests
 
-POLICIES = ("max_length", "power_of_two", "exact", "paged")
-
-
-def slots_held(policy: str, prompt_len: int, output_len: int, tokens_so_far: int,
-               max_len: int = 2048, block_size: int = 16) -> int:
-    """KV slots a request holds under ``policy`` once it has ``tokens_so_far`` tokens cached.
-
-    ``tokens_so_far`` runs from ``prompt_len`` (just prefilled) to ``prompt_len + output_len``.
-    The three contiguous policies reserve everything at admission; paging holds whole blocks.
-    """
-    final = prompt_len + output_len
-    if not 0 < prompt_len <= tokens_so_far <= final <= max_len:
-        raise ValueError(f"need 0 < prompt_len <= tokens_so_far <= prompt_len + output_len <= "
-                         f"max_len; got {prompt_len}, {tokens_so_far}, {final}, {max_len}")
-    if policy == "max_length":
-        return max_len
-    if policy == "power_of_two":
-        return min(max_len, 1 << (final - 1).bit_length())
-    if policy == "exact":
-        return final
-    if policy == "paged":
-        return -(-tokens_so_far // block_size) * block_size
-    raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
-
-
-class _FirstFit:
-    """A contiguous allocator over [0, capacity): sorted free holes, first fit, merge on free."""
-
-    def __init__(self, capacity: int):
-        self.holes = [(0, capacity)]  # (start, length), sorted by start
-
-    def allocate(self, n: int) -> int | None:
-        for i, (start, length) in enumerate(self.holes):
-            if length >= n:
-                self.holes[i:i + 1] = [(start + n, length - n)] if length > n else []
-                return start
-        return None
-
-    def free(self, start: int, n: int) -> None:
-        self.holes.append((start, n))
-        self.holes.sort()
-        merged = [self.holes[0]]
-        for s, n in self.holes[1:]:
-            ps, pn = merged[-1]
-            merged[-1:] = [(ps, pn + n)] if ps + pn == s else [(ps, pn), (s, n)]
-        self.holes = merged
-
-
-@dataclass(eq=False)  # identity, not field equality: two requests may look alike
-class _Running:
-    prompt: int       # tokens cached at admission (a recomputed request's prompt includes its output so far)
-    output: int       # tokens still to generate
-    generated: int = 0
-    region: tuple[int, int] | None = None  # contiguous policies: (start, length)
-    table: BlockTable | None = None        # paging
+PAPER_WATERMARK = 0.01  # vLLM's default share of blocks an admission leaves free
 
 
 @dataclass(frozen=True)
-class SimResult:
+class MemoryUse:
     """Averages over the steps during which some request was waiting (the pool was the limit).
 
     If the pool never limited the batch (no request ever waited), the averages are all 0:
     serve a longer trace or use a smaller pool.
     """
 
-    policy: str
+    reservation: str
     token_fraction: float       # slots holding real token states / capacity
     reserved_fraction: float    # reserved for tokens not generated yet
     internal_fraction: float    # held but never to be filled
@@ -105,91 +57,72 @@ class SimResult:
     preemptions: int
 
 
-def simulate(rows, policy: str, capacity: int, max_len: int = 2048, block_size: int = 16,
-             slots_fn: Callable[..., int] = slots_held, watermark: float = 0.01) -> SimResult:
+class MemoryRecorder:
+    """A runner that runs no model: every step it records where the pool's slots are."""
+
+    def __init__(self, scheduler: Scheduler, capacity: int):
+        self.scheduler, self.capacity = scheduler, capacity
+        self.sums = dict(tokens=0.0, reserved=0.0, internal=0.0, free=0.0, running=0.0)
+        self.counted = self.steps = 0
+
+    def prefill(self, seq) -> int:
+        return 1
+
+    def decode(self, seqs) -> list[int]:
+        return [1] * len(seqs)
+
+    def record(self, iteration) -> None:
+        """Called once per step, after the step's allocations (``drive``'s ``on_iteration``)."""
+        self.steps += 1
+        sched = self.scheduler
+        if not sched.waiting:  # the trace, not the pool, limits the batch
+            return
+        ahead = sched.memory.reserves_ahead
+        held = tokens = final = 0
+        for seq in sched.running:
+            now = seq.table.num_tokens
+            tokens += now
+            final += seq.max_tokens if ahead else now  # paging reserves nothing ahead
+            held += seq.table.slots_held
+        c = self.capacity
+        self.sums["tokens"] += tokens / c
+        self.sums["reserved"] += (final - tokens) / c
+        self.sums["internal"] += (held - final) / c
+        self.sums["free"] += (c - held) / c
+        self.sums["running"] += len(sched.running)
+        self.counted += 1
+
+
+def simulate_memory(rows, reservation: str, capacity: int, max_len: int = 2048,
+                    block_size: int = BLOCK_SIZE, slots_fn: Callable[..., int] = slots_held,
+                    watermark: float = PAPER_WATERMARK) -> MemoryUse:
     """Serve ``rows`` (objects with ``prompt_len``, ``output_len``), all waiting at time 0.
 
-    Each step admits waiting requests first come, first served while they fit, then every
-    running request generates one token; finished requests free their memory. Under paging a
-    request that needs a block when none is free preempts the most recently admitted request,
-    which later recomputes its tokens (Kwon et al. 2023, Sec. 4.5). Paging admits a request only
-    if ``watermark`` of the blocks stay free afterwards (vLLM's default is 1%), so that running
-    requests have room to grow and preemption stays rare.
+    Each step every running request produces one token (a newly admitted one its first, from
+    its prefill); finished requests free their memory; waiting requests are admitted first come,
+    first served while they fit. Under paging a request that needs a block when none is free
+    preempts the latest-arrived running request, which later recomputes its tokens (Kwon et al.
+    2023, Sec. 4.5). ``slots_fn`` (``slots_held``'s signature) sizes the contiguous regions.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
-    waiting = [_Running(r.prompt_len, r.output_len) for r in rows]
-    waiting.reverse()  # pop() takes the oldest
-    running: list[_Running] = []
-    paged = policy == "paged"
-    alloc = BlockAllocator(capacity // block_size) if paged else None
-    fit = None if paged else _FirstFit(capacity)
-    sums = dict(tokens=0.0, reserved=0.0, internal=0.0, free=0.0, running=0.0)
-    steps = counted = preemptions = 0
-
-    def admit(req: _Running) -> bool:
-        if paged:
-            table = BlockTable(alloc, block_size)
-            spare = int(watermark * alloc.num_blocks)
-            if not alloc.can_allocate(table.blocks_needed(req.prompt) + spare):
-                return False
-            table.append(req.prompt)
-            req.table = table
-            return True
-        n = slots_fn(policy, req.prompt, req.output, req.prompt, max_len, block_size)
-        start = fit.allocate(n)
-        if start is None:
-            return False
-        req.region = (start, n)
-        return True
-
-    while waiting or running:
-        while waiting and admit(waiting[-1]):
-            running.append(waiting.pop())
-        if not running:
-            raise ValueError(f"a request needs more than the whole pool of {capacity} slots")
-        if waiting:  # the pool, not the trace, limits the batch: record where memory goes
-            held = tokens = final = 0
-            for r in running:
-                now = r.prompt + r.generated
-                tokens += now
-                final += now if paged else r.prompt + r.output  # paging reserves nothing ahead
-                held += len(r.table.blocks) * block_size if paged else r.region[1]
-            sums["tokens"] += tokens / capacity
-            sums["reserved"] += (final - tokens) / capacity
-            sums["internal"] += (held - final) / capacity
-            sums["free"] += (capacity - held) / capacity
-            sums["running"] += len(running)
-            counted += 1
-        for r in list(running):  # one decode step: the newest token's K/V is written
-            if r not in running:
-                continue  # preempted earlier in this step
-            if paged:
-                while not r.table.can_append(1):
-                    victim = running.pop()  # the latest admitted
-                    victim.table.free()
-                    waiting.append(_Running(victim.prompt + victim.generated,
-                                            victim.output - victim.generated))
-                    preemptions += 1
-                    if victim is r:
-                        break
-                if r not in running:
-                    continue
-                r.table.append(1)
-            r.generated += 1
-        for r in [r for r in running if r.generated >= r.output]:
-            running.remove(r)
-            if paged:
-                r.table.free()
-            else:
-                fit.free(*r.region)
-        steps += 1
-    n = max(counted, 1)
-    return SimResult(policy, sums["tokens"] / n, sums["reserved"] / n, sums["internal"] / n,
-                     sums["free"] / n, sums["running"] / n, steps, preemptions)
+    if reservation not in RESERVATIONS:
+        raise ValueError(f"unknown reservation {reservation!r}; choose one of {RESERVATIONS}")
+    requests = trace_requests(rows, [0.0] * len(rows))
+    config = ServingConfig(block_size=block_size, max_batch=max(1, len(requests)),
+                           watermark=watermark if reservation == "paged" else 0.0)
+    if reservation == "paged":
+        memory = BlockManager(capacity // block_size, block_size, watermark)
+    else:
+        memory = ContiguousManager(capacity, reservation, max_len, slots_fn)
+    sched = Scheduler(config, memory)
+    recorder = MemoryRecorder(sched, capacity)
+    drive(dict(enumerate(requests)), sched, recorder, VirtualClock(), recorder.record)
+    s, n = recorder.sums, max(recorder.counted, 1)
+    return MemoryUse(reservation, s["tokens"] / n, s["reserved"] / n, s["internal"] / n,
+                     s["free"] / n, s["running"] / n, recorder.steps, sched.num_preemptions)
 
 
-def sharing_saving(prompt_len: int, output_len: int, n_samples: int, block_size: int = 16) -> float:
+def sharing_saving(prompt_len: int, output_len: int, n_samples: int,
+                   block_size: int = BLOCK_SIZE) -> float:
     """Fraction of KV memory copy-on-write saves when ``n_samples`` samples share one prompt.
 
     Builds the tables with the real allocator: one prefilled prompt forked ``n_samples - 1``
@@ -219,5 +152,3 @@ def sharing_saving(prompt_len: int, output_len: int, n_samples: int, block_size:
             total += alloc.num_blocks - alloc.num_free
         used[shared] = total
     return 1 - used[True] / used[False]
-
-

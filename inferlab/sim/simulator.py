@@ -2,11 +2,11 @@
 
 A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
 many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
-attend over. So a simulator can replay a trace with the *real* scheduler and block allocator
-(``inferlab.serving.scheduler``, ``inferlab.serving.block_manager``) and the *real* event loop (``engine.drive``), and
-replace only the model by a cost model that says how long each step takes, charged to a virtual
-clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only step
-times are modelled. Two cost models:
+attend over. So a simulator can replay a trace with the *real* scheduler and block manager (``inferlab.serving.scheduler``,
+``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.drive``), and
+replace only the model by a cost model that says how long each step takes, charged to a
+virtual clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only
+step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two cost models:
 
 - ``FittedCosts``: calibrated on this machine. Prefill time a + b T + c T^2 in the prompt
   length T; decode time a + b n + c C in the batch n and the context C (K/V tokens read), fitted
@@ -30,11 +30,12 @@ import numpy as np
 import torch
 
 from inferlab.analysis import formulas
-from inferlab.serving.engine import Iteration, ModelRunner, Request, drive
-from inferlab.serving.metrics import RequestTiming, SLO, Summary, summarize
-from inferlab.serving.block_manager import BlockAllocator
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
 from inferlab.serving.paged_cache import PagedKVCache
-from inferlab.serving.scheduler import Scheduler, Sequence
+from inferlab.serving.request import Request, Sequence, longest_tokens
+from inferlab.serving.runner import ModelRunner
+from inferlab.serving.scheduler import Scheduler
 from inferlab.timing import time_fn
 
 
@@ -113,16 +114,18 @@ class FittedCosts:
 
 
 def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
-                  contexts=(16, 64, 128), block_size: int = 16,
+                  contexts=(16, 64, 128), config: ServingConfig | None = None,
                   min_run_time: float = 0.05) -> FittedCosts:
     """Time the engine's own prefill and decode steps at a grid of sizes; fit ``FittedCosts``.
 
     Each decode point runs ``batch`` sequences that each hold ``context`` tokens, so it reads
-    batch x context K/V tokens. Timing uses ``inferlab.timing.time_fn`` (medians).
+    batch x context K/V tokens. The pool has ``config``'s block size (and enough blocks).
+    Timing uses ``inferlab.timing.time_fn`` (medians).
     """
+    config = config or ServingConfig()
     longest = max(max(prefill_lens), max(contexts) + 1)
-    num_blocks = max(batches) * -(-longest // block_size) + 1
-    cache = PagedKVCache.for_model(model, num_blocks, block_size)
+    num_blocks = max(batches) * -(-longest // config.block_size) + 1
+    cache = PagedKVCache.for_model(model, config.replace(num_blocks=num_blocks))
     runner = ModelRunner(model, cache)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -149,12 +152,13 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
     return FittedCosts.fit(prefills, decodes, f"measured on {model.device} with time_fn")
 
 
-def measure_costs_for(model, requests: list[Request], max_batch: int, block_size: int = 16,
+def measure_costs_for(model, requests: list[Request], config: ServingConfig,
                       min_run_time: float = 0.05) -> FittedCosts:
     """``measure_costs`` on a grid that spans a trace: prompt lengths up to its longest prompt,
-    batches up to ``max_batch``, contexts from its shorter to its longer requests."""
+    batches up to ``config.max_batch``, contexts from its shorter to its longer requests."""
+    max_batch = config.max_batch
     prompts = sorted(len(r.prompt) for r in requests)
-    totals = sorted(len(r.prompt) + r.max_new_tokens for r in requests)
+    totals = sorted(longest_tokens(len(r.prompt), r.max_new_tokens) for r in requests)
     pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
     prefill_lens = sorted({max(1, pick(prompts, q)) for q in (0.05, 0.5, 0.9)} | {prompts[-1]})
     while len(prefill_lens) < 3:
@@ -163,7 +167,7 @@ def measure_costs_for(model, requests: list[Request], max_batch: int, block_size
     while len(contexts) < 3:
         contexts.append(contexts[-1] + 1)
     batches = sorted({1, max(1, max_batch // 4), max(1, max_batch // 2), max_batch})
-    return measure_costs(model, tuple(prefill_lens), tuple(batches), tuple(contexts), block_size,
+    return measure_costs(model, tuple(prefill_lens), tuple(batches), tuple(contexts), config,
                          min_run_time)
 
 
@@ -214,22 +218,6 @@ class RooflineCosts:
         return self._time(flops, nbytes)
 
 
-class VirtualClock:
-    """Simulated seconds: advanced by modelled step times, never by the wall clock."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def skip_to(self, t: float) -> None:
-        self.t = max(self.t, t)
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
 class SimRunner:
     """Stands in for ``ModelRunner``: charges each step's modelled time; emits token 0."""
 
@@ -246,78 +234,12 @@ class SimRunner:
         return [0] * len(seqs)
 
 
-@dataclass
-class SimResult:
-    """A simulated run: each request's timing (in request order) and the iteration log."""
+def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -> Run:
+    """Replay ``requests`` through the real scheduler and loop with step times from ``costs``.
 
-    timings: list[RequestTiming]
-    iterations: list[Iteration] = field(default_factory=list)
-    num_preemptions: int = 0
-
-    def summary(self, slo: SLO | None = None) -> Summary:
-        return summarize(self.timings, slo)
-
-
-def simulate(requests: list[Request], costs: CostModel, num_blocks: int, block_size: int = 16,
-             max_batch: int = 32, policy="continuous",
-             max_prefill_tokens: int | None = None) -> SimResult:
-    """Replay ``requests`` through the real scheduler with step times from ``costs``.
-
-    Prompts only need the right length (token values are ignored): see ``trace_requests``.
+    Prompts only need the right length (token values are ignored): see
+    ``inferlab.sim.traces.trace_requests``. Returns the ``Run`` that ``serve`` would, on a
+    virtual clock.
     """
-    from inferlab.serving.engine import _policy
-
     clock = VirtualClock()
-    sched = Scheduler(BlockAllocator(num_blocks), block_size, max_batch, _policy(policy),
-                      max_prefill_tokens)
-    iterations: list[Iteration] = []
-    stamps = drive(dict(enumerate(requests)), sched, SimRunner(costs, clock), clock,
-                   iterations.append)
-    timings = [RequestTiming(r.arrival_s, tuple(stamps[i])) for i, r in enumerate(requests)]
-    return SimResult(timings, iterations, sched.num_preemptions)
-
-
-def trace_requests(rows, arrivals_s: Iterable[float], vocab_size: int = 1,
-                   seed: int | None = None) -> list[Request]:
-    """``Request``s from trace rows (``prompt_len``, ``output_len``) and arrival times.
-
-    With ``seed``, prompts are random token ids below ``vocab_size`` (to run on a model);
-    without, they are zeros (enough for the simulator).
-    """
-    arrivals_s = list(arrivals_s)
-    if len(arrivals_s) != len(rows):
-        raise ValueError(f"{len(rows)} rows but {len(arrivals_s)} arrival times")
-    gen = None if seed is None else torch.Generator().manual_seed(seed)
-    out = []
-    for row, t in zip(rows, arrivals_s):
-        prompt = ((0,) * row.prompt_len if gen is None else
-                  tuple(torch.randint(0, vocab_size, (row.prompt_len,), generator=gen).tolist()))
-        out.append(Request(prompt, row.output_len, float(t), row.request_id))
-    return out
-
-
-def kv_blocks_for_device(config, spec, dtype: str = "bfloat16", block_size: int = 16,
-                         activation_reserve: float = 0.0) -> int:
-    """KV blocks that fit on a table device beside ``config``'s weights (``formulas``)."""
-    budget = formulas.kv_memory_budget(config, spec.memory, dtype, activation_reserve)
-    if budget <= 0:
-        raise ValueError(f"{config.name}'s weights do not fit in {spec.name}'s memory")
-    return formulas.kv_token_slots(config, budget, dtype) // block_size
-
-
-def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
-    """Useful share of decode slots when requests run in static batches of ``batch_size``.
-
-    Consecutive groups of ``batch_size`` requests each hold every one of their slots until the
-    group's longest output is done: useful tokens / (group size x longest output), summed over
-    groups. If a decode step costs the same at any batch size (memory-bound), continuous
-    batching's throughput gain over static batching is about 1 / this.
-    """
-    if batch_size <= 0 or not output_lens:
-        raise ValueError("need a positive batch size and at least one output length")
-    useful = reserved = 0
-    for i in range(0, len(output_lens), batch_size):
-        group = output_lens[i:i + batch_size]
-        useful += sum(group)
-        reserved += len(group) * max(group)
-    return useful / reserved
+    return run_loop(list(requests), Scheduler(config), SimRunner(costs, clock), clock)

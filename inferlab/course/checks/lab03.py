@@ -1,6 +1,7 @@
-"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.block_manager`` (the reference allocator and
-block table), contiguous ``scaled_dot_product_attention`` on the same K/V, the contiguous
-``KVCache``, ``inferlab.sim.memory_sim.slots_held`` and the defining property of a chained hash.
+"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.block_manager`` (the reference
+allocator and block table), contiguous ``scaled_dot_product_attention`` on the same K/V, the
+contiguous ``KVCache``, ``inferlab.serving.reservation.slots_held`` and the defining property of
+a chained hash.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import random
 import torch
 import torch.nn.functional as F
 
-from inferlab.sim import memory_sim
-from inferlab.serving import prefix_cache
+from inferlab.serving import prefix_cache, reservation
 from inferlab.course.checks import CheckFailed, expect_equal, expect_tensor_close, run_check
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
-from inferlab.serving.paged_cache import PagedKVCache, gather_index, gather_kv
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.paged_attention import gather_index, gather_kv
+from inferlab.serving.paged_cache import PagedKVCache
 
 
 def _expect_raises(what: str, exc: type, fn, hint: str) -> None:
@@ -186,26 +188,27 @@ def paged_decode(fn):
 
 
 def slots_held(fn):
-    """Exercise 3.4: ``fn(policy, prompt_len, output_len, tokens_so_far, max_len, block_size)``."""
-    cases_list = [(p, 100, 200, n, 2048, 16) for p in memory_sim.POLICIES for n in (100, 150, 300)]
-    cases_list += [("power_of_two", 100, 156, 130, 2048, 16), ("power_of_two", 900, 900, 900, 2048, 16),
-                   ("paged", 17, 5, 17, 2048, 16), ("paged", 16, 5, 16, 2048, 16),
-                   ("paged", 16, 5, 21, 2048, 8), ("max_length", 5, 5, 7, 512, 16)]
+    """Exercise 3.4: ``fn(reservation, longest, tokens_so_far, max_len, block_size)``."""
+    cases_list = [(p, 299, n, 2048, 16) for p in reservation.RESERVATIONS for n in (100, 150, 299)]
+    cases_list += [("power_of_two", 256, 130, 2048, 16), ("power_of_two", 257, 200, 2048, 16),
+                   ("power_of_two", 1799, 900, 2048, 16),
+                   ("paged", 21, 17, 2048, 16), ("paged", 20, 16, 2048, 16),
+                   ("paged", 20, 20, 2048, 8), ("max_length", 9, 7, 512, 16)]
     hints = {"max_length": "max-length reservation holds max_len slots from the start.",
-             "power_of_two": "round the FINAL length (prompt + output) up to a power of two "
-                             "(256 stays 256), and never beyond max_len.",
-             "exact": "an oracle reserves exactly prompt + output slots at admission.",
-             "paged": "paging holds whole blocks for the tokens cached SO FAR: "
+             "power_of_two": "round the LONGEST length up to a power of two (256 stays 256), "
+                             "and never beyond max_len.",
+             "exact": "an oracle reserves exactly the longest length at admission.",
+             "paged": "paging holds whole blocks for the tokens stored SO FAR: "
                       "ceil(tokens_so_far / block_size) * block_size."}
 
     def cases(f):
         for args in cases_list:
-            expected = memory_sim.slots_held(*args)
+            expected = reservation.slots_held(*args)
             got = f(*args)
             if got != expected:
                 raise CheckFailed(f"slots_held{args} returned {got!r}, expected {expected}. "
                                   f"Hint: {hints[args[0]]}")
-    return run_check("3.4", "slots_held", fn, memory_sim.slots_held, cases)
+    return run_check("3.4", "slots_held", fn, reservation.slots_held, cases)
 
 
 def fork(fn):
@@ -230,7 +233,8 @@ def fork(fn):
         model = build_model("tiny", seed=5)
         gen = torch.Generator().manual_seed(6)
         prompt = torch.randint(0, model.config.vocab_size, (11,), generator=gen)
-        cache = PagedKVCache.for_model(model, num_blocks=6, block_size=8, use_triton=False)
+        cache = PagedKVCache.for_model(model, ServingConfig(num_blocks=6, block_size=8),
+                                       use_triton=False)
         t = cache.new_table()
         t.append(11)
         with torch.no_grad():

@@ -7,7 +7,7 @@ Oracles that need no solution:
   continuous one also drives the real engine, whose every output must equal generating that
   request alone with the contiguous KV cache (``inferlab.model.generate``), preemptions included;
 - the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
-- the prediction with ``inferlab.sim.simulator.static_slot_utilisation``.
+- the prediction with ``inferlab.serving.metrics.static_slot_utilisation``.
 
 The model the checks run is a 2-layer version of ``tiny`` in float64 on the CPU, whatever the
 learner's device: batched and single-row matmuls round differently, and in float64 that can
@@ -21,11 +21,13 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from inferlab.serving import metrics, scheduler
-from inferlab.sim import simulator
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
-from inferlab.serving.engine import Engine, Request, drive
-from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
+from inferlab.serving import metrics, scheduler
+from inferlab.serving.block_manager import OutOfBlocksError
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import serve
+from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 
 
@@ -89,8 +91,9 @@ def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
     """The iterations (prefill ids, decode ids, padding ids, preempted ids) a policy makes."""
     seed, n, num_blocks, block_size, max_batch = trace
     requests = _requests(seed, n, 12, 12, 0.004)
-    sched = Scheduler(BlockAllocator(num_blocks), block_size, max_batch, policy)
-    clock = simulator.VirtualClock()
+    sched = Scheduler(ServingConfig(block_size=block_size, num_blocks=num_blocks,
+                                    max_batch=max_batch, policy=policy))
+    clock = VirtualClock()
     log = []
     total = sum(r.max_new_tokens for r in requests)
     drive(dict(enumerate(requests)), sched, _FakeRunner(clock, 20 * total + 100), clock,
@@ -138,13 +141,13 @@ def _static_hint(got, want) -> str:
     if gp and (wd or wpad):
         return "nobody may join a batch in flight: admit only when every member is done."
     if gpad != wpad:
-        return ("finished members stay in the decode batch as padding rows (step.padding) "
-                "until the whole batch is done; set Step(hold_finished=True) so they are "
-                "not retired early, and retire them all when the batch is over.")
+        return ("finished members keep their row as padding until the whole batch is done: "
+                "hold each member when you admit it (sched.hold(seq)), so the scheduler does "
+                "not retire it when it finishes; retire them all when the batch is over.")
     if len(gp) > len(wp):
         return ("too many admitted: at most max_batch, and only while the blocks reserved for "
                 "each member's longest length (sched.blocks_for(seq.max_tokens)) fit in "
-                "sched.allocator.num_free.")
+                "sched.memory.num_free.")
     if len(gp) < len(wp):
         return ("admit as many waiting requests as fit (up to max_batch, in arrival order) "
                 "when the engine is idle.")
@@ -178,8 +181,8 @@ def static_policy(fn):
             want, _ = _replay(scheduler.static_policy, trace)
             got, sched = _call(f, trace)
             _compare("static_policy", got, want, trace, _static_hint)
-            expect_equal(f"free blocks after {_where(trace)}", sched.allocator.num_free,
-                         sched.allocator.num_blocks, hint="retire every member when the batch ends.")
+            expect_equal(f"free blocks after {_where(trace)}", sched.memory.num_free,
+                         sched.memory.num_blocks, hint="retire every member when the batch ends.")
     return run_check("4.1", "static_policy", fn, scheduler.static_policy, cases,
                      success="no one joins a batch in flight, and padding rows wait for the longest.")
 
@@ -191,18 +194,18 @@ def continuous_policy(fn):
             want, _ = _replay(scheduler.continuous_policy, trace)
             got, sched = _call(f, trace)
             _compare("continuous_policy", got, want, trace, _continuous_hint)
-            expect_equal(f"free blocks after {_where(trace)}", sched.allocator.num_free,
-                         sched.allocator.num_blocks, hint="a finished or preempted sequence "
+            expect_equal(f"free blocks after {_where(trace)}", sched.memory.num_free,
+                         sched.memory.num_blocks, hint="a finished or preempted sequence "
                          "must give its blocks back (the Scheduler's actions do).")
         # The check that matters most: real tokens, under memory pressure, equal generating alone.
         requests = _requests(7, 8, 12, 12, 0.0)
-        engine = Engine(_model(), num_blocks=8, block_size=4, max_batch=6, policy=f)
-        results = engine.run(requests)
-        if engine.num_preemptions == 0:
+        run = serve(_model(), requests, ServingConfig(num_blocks=8, block_size=4, max_batch=6,
+                                                      policy=f))
+        if run.num_preemptions == 0:
             raise CheckFailed("8 requests in 8 blocks of 4 tokens ran without a single "
                               "preemption, which cannot fit.\n  Hint: check that you call "
                               "sched.preempt when sched.can_append(seq) is False.")
-        for request, result in zip(requests, results):
+        for request, result in zip(requests, run.results):
             expect_equal(f"the tokens of request {result.request_id} (preempted "
                          f"{result.num_preemptions} times)", list(result.tokens),
                          list(_alone(request.prompt, request.max_new_tokens)),
@@ -287,7 +290,7 @@ def static_slot_utilisation(fn):
 
     def cases(f):
         for lens, b in cases_:
-            want = simulator.static_slot_utilisation(lens, b)
+            want = metrics.static_slot_utilisation(lens, b)
             got = f(list(lens), b)
             hint = ("group the requests in arrival order, batch_size at a time; each group "
                     "holds len(group) slots for max(group) steps; divide the useful tokens by "
@@ -300,4 +303,5 @@ def static_slot_utilisation(fn):
             expect_close(f"static_slot_utilisation({lens if len(lens) < 8 else '<50 lengths>'}, "
                          f"{b})", got, want, rel=1e-9, hint=hint)
 
-    return run_check("4.4", "static_slot_utilisation", fn, simulator.static_slot_utilisation, cases)
+    return run_check("4.4", "static_slot_utilisation", fn, metrics.static_slot_utilisation,
+                     cases)

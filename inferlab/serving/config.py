@@ -1,0 +1,57 @@
+"""One configuration for a serving run: every size the engine reads, in one checked object.
+
+nano-vllm hands one ``Config`` to its scheduler, its block manager and its model runner; the
+engine here does the same with ``ServingConfig``. The KV pool (``num_blocks`` blocks of
+``block_size`` tokens), the scheduler's limits (``max_batch`` sequences at once,
+``max_prefill_tokens`` prompt tokens a step), the admission ``watermark`` and the scheduling
+``policy`` are fields of one frozen dataclass that checks itself when it is made. The cache and
+the scheduler both read the block size from it, so they cannot disagree about it.
+
+``num_blocks`` may be left ``None`` when a config is handed to ``inferlab.serving.engine.serve``,
+which then sizes the pool from the requests it accepts (and never beyond the device's memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from inferlab.validation import positive, positive_ints
+
+BLOCK_SIZE = 16  # tokens per KV block: vLLM's default, and the course's everywhere
+
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The sizes and the policy of one engine (or one simulated engine)."""
+
+    block_size: int = BLOCK_SIZE          # tokens per KV block
+    num_blocks: int | None = None         # blocks in the pool; None: serve() sizes it
+    max_batch: int = 32                   # sequences running at once (vLLM's max_num_seqs)
+    max_prefill_tokens: int | None = None  # prompt tokens one step may prefill; None: no limit
+    policy: str | Callable = "continuous"  # "continuous", "static", or policy(scheduler, now)
+    watermark: float = 0.0                # share of the blocks an admission must leave free
+
+    def __post_init__(self) -> None:
+        positive_ints("ServingConfig.", block_size=self.block_size, max_batch=self.max_batch)
+        if self.num_blocks is not None:
+            positive_ints("ServingConfig.", num_blocks=self.num_blocks)
+        if self.max_prefill_tokens is not None:
+            positive("ServingConfig.", max_prefill_tokens=self.max_prefill_tokens)
+        if not isinstance(self.policy, str) and not callable(self.policy):
+            raise ValueError(f"ServingConfig.policy must be a policy name or a function "
+                             f"policy(scheduler, now) -> Step, got {self.policy!r}")
+        if isinstance(self.watermark, bool) or not 0 <= self.watermark < 1:
+            raise ValueError(f"ServingConfig.watermark must lie in [0, 1), got {self.watermark!r}")
+
+    @property
+    def pool_tokens(self) -> int:
+        """Token slots in the pool: num_blocks x block_size."""
+        if self.num_blocks is None:
+            raise ValueError("this ServingConfig has no num_blocks yet")
+        return self.num_blocks * self.block_size
+
+    def replace(self, **changes) -> "ServingConfig":
+        """A copy with some fields changed (checked again), e.g. ``config.replace(num_blocks=64)``."""
+        return replace(self, **changes)

@@ -1,0 +1,168 @@
+"""A request, and the sequence the engine makes of it.
+
+A ``Request`` is what a client sends: prompt token ids, how many tokens to generate at most,
+when it arrives, and the tokens that end it early (end-of-sequence). ``validate_request``
+refuses one the engine cannot serve, with a message that says why. Inside the engine each
+request becomes a ``Sequence``: its output so far, its status and its block table, which only
+the scheduler changes (nano-vllm's ``sequence.py`` plays the same part).
+
+One definition every part of the engine shares: a request that may generate ``n`` tokens stores
+the K/V of at most ``longest_tokens(prompt_len, n) = prompt_len + n - 1`` tokens, because the
+last token it samples is returned, never fed back through the model. The scheduler reserves by
+it, the pool is sized by it and the simulators count by it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from inferlab.serving.block_manager import BlockTable, blocks_for
+
+
+def longest_tokens(prompt_len: int, max_new_tokens: int) -> int:
+    """Tokens whose K/V a request stores at its longest: the prompt and all but the last output."""
+    return prompt_len + max_new_tokens - 1
+
+
+def _token_ids(ids) -> tuple:
+    """``ids`` (a list, tuple, NumPy array or torch tensor) as a tuple; integers become ``int``.
+
+    Anything that is not an integer (a float, a bool, a string) is kept as it is, so that
+    ``validate_request`` can name it; the request is not refused here.
+    """
+    if hasattr(ids, "tolist"):  # NumPy arrays and torch tensors, of any integer dtype
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        return (ids,)
+    return tuple(int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
+                 for t in ids)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt (token ids), at most ``max_new_tokens`` to generate, and when it arrives (s).
+
+    Generation also ends at any token of ``eos_token_ids`` (that token is returned, as the last
+    one). The prompt may be a list, a tuple, a NumPy array or a torch tensor of integers.
+    """
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    request_id: object = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", _token_ids(self.prompt))
+        object.__setattr__(self, "eos_token_ids", _token_ids(self.eos_token_ids))
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine cannot serve; the message says why and what would fix it."""
+
+
+def validate_request(request: Request, config, num_blocks: int | None = None,
+                     block_size: int | None = None) -> None:
+    """Raise ``InvalidRequestError`` unless ``request`` can run on a model shaped ``config``.
+
+    With ``num_blocks`` and ``block_size``, also unless it fits a pool of that many blocks.
+    """
+    p, n, V = request.prompt, request.max_new_tokens, config.vocab_size
+    if len(p) == 0:
+        raise InvalidRequestError("the prompt is empty: a request needs at least one token")
+    odd = next((t for t in p if not isinstance(t, int) or isinstance(t, bool)), None)
+    if odd is not None:
+        raise InvalidRequestError(f"the prompt holds {odd!r} ({type(odd).__name__}); token ids "
+                                  "are integers (a list, or an integer NumPy array or tensor)")
+    if not all(0 <= t < V for t in p):
+        raise InvalidRequestError(f"the prompt holds token ids outside [0, {V})")
+    if not all(isinstance(t, int) and 0 <= t < V for t in request.eos_token_ids):
+        raise InvalidRequestError(f"eos_token_ids must be token ids in [0, {V}), got "
+                                  f"{request.eos_token_ids!r}")
+    if len(p) > config.max_seq_len:
+        raise InvalidRequestError(f"the prompt has {len(p)} tokens but the model's context is "
+                                  f"{config.max_seq_len}; shorten the prompt")
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {n!r}")
+    if longest_tokens(len(p), n) > config.max_seq_len:
+        raise InvalidRequestError(f"{len(p)} prompt tokens + {n} new tokens exceed the model's "
+                                  f"context of {config.max_seq_len}; lower max_new_tokens to at "
+                                  f"most {config.max_seq_len - len(p) + 1}")
+    if not (isinstance(request.arrival_s, (int, float)) and math.isfinite(request.arrival_s)
+            and request.arrival_s >= 0):
+        raise InvalidRequestError(f"arrival_s must be a finite time >= 0, got {request.arrival_s!r}")
+    if num_blocks is not None:
+        need = blocks_for(longest_tokens(len(p), n), block_size)
+        if need > num_blocks:
+            raise InvalidRequestError(f"at its longest the request needs {need} KV blocks of "
+                                      f"{block_size} tokens but the cache has {num_blocks}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine. Only the ``Scheduler`` changes its fields."""
+
+    seq_id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    output: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    table: BlockTable | None = None
+    num_preemptions: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
+    held: bool = False  # kept in the batch once done (static batching's padding rows)
+
+    @classmethod
+    def of(cls, seq_id: int, request: Request) -> "Sequence":
+        """The sequence that serves ``request``."""
+        return cls(seq_id, request.prompt, request.max_new_tokens, request.arrival_s,
+                   eos_token_ids=frozenset(request.eos_token_ids))
+
+    @property
+    def order(self) -> tuple[float, int]:
+        """First come, first served: by arrival time, then by id."""
+        return (self.arrival_s, self.seq_id)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The prompt and every token produced so far: what a (re)computing prefill runs."""
+        return [*self.prompt, *self.output]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens whose K/V the sequence stores at its longest (``longest_tokens``)."""
+        return longest_tokens(len(self.prompt), self.max_new_tokens)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the last token produced is an end-of-sequence token."""
+        return bool(self.output) and self.output[-1] in self.eos_token_ids
+
+    @property
+    def is_done(self) -> bool:
+        return len(self.output) >= self.max_new_tokens or (
+            bool(self.eos_token_ids) and self.stopped)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop" (an end-of-sequence token), "length" (max_new_tokens), or None (not done)."""
+        return "stop" if self.stopped else "length" if self.is_done else None
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt)}, "
+                f"output={len(self.output)}/{self.max_new_tokens}, "
+                f"preempted={self.num_preemptions})")
