@@ -1,7 +1,11 @@
 """The hardware table, detection of the device in use, and the two probes.
 
 The table (``data/hardware.csv``) holds datasheet numbers: dense BF16/FP16 peak FLOP/s, memory
-bandwidth and capacity, each row with its source. ``detect_device()`` names the device torch
+bandwidth and capacity, and the kind of memory the weights live in (HBM, GDDR6, DDR, or the
+on-chip SRAM of the SRAM-first designs, whose bandwidth and capacity are then the SRAM's), each
+row with its source. ``load_hardware()`` returns the GPUs and CPUs the first chapters compare;
+``load_hardware(kinds=None)`` every row, TPUs and SRAM-first chips (Chapter 8) included, and
+``get_device_spec`` finds any row by name. ``detect_device()`` names the device torch
 is using and finds its row when there is one (CPUs vary too much to have rows; a learner on a
 CPU compares against what they measure). The probes measure the two numbers a roofline needs:
 
@@ -33,7 +37,7 @@ class DeviceSpec:
     """One row of the hardware table, in SI units (FLOP/s, bytes/s, bytes)."""
 
     name: str
-    kind: str                  # "gpu" or "cpu"
+    kind: str                  # "gpu", "cpu", "tpu", "lpu" (Groq) or "wse" (Cerebras)
     bandwidth: float           # bytes/s
     peak_bf16: float | None    # FLOP/s, dense
     peak_fp16: float | None    # FLOP/s, dense
@@ -41,6 +45,7 @@ class DeviceSpec:
     source: str
     notes: str = ""
     match: tuple[str, ...] = ()
+    memory_kind: str = ""      # where the weights live: "HBM", "GDDR6", "SRAM", ...
 
     def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
@@ -57,10 +62,19 @@ def _number(text: str, scale: float) -> float | None:
     return float(text) * scale if text.strip() else None
 
 
-def load_hardware() -> dict[str, DeviceSpec]:
-    """Every row of ``data/hardware.csv``, keyed by name, in table order."""
+DEFAULT_KINDS = ("gpu", "cpu")
+
+
+def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, DeviceSpec]:
+    """The rows of ``data/hardware.csv`` of the given ``kinds``, keyed by name, in table order.
+
+    The default keeps the GPUs and CPUs (the devices of Chapters 1-4); ``kinds=None`` gives
+    every row, TPUs ("tpu") and SRAM-first chips ("lpu", "wse") included.
+    """
     specs = {}
     for row in read_table("hardware.csv"):
+        if kinds is not None and row["kind"] not in kinds:
+            continue
         specs[row["name"]] = DeviceSpec(
             name=row["name"], kind=row["kind"],
             bandwidth=float(row["bandwidth_gbs"]) * 1e9,
@@ -69,13 +83,15 @@ def load_hardware() -> dict[str, DeviceSpec]:
             memory=_number(row["memory_gb"], 1e9),
             source=row["source"], notes=row["notes"],
             match=tuple(m for m in row["match"].split("|") if m),
+            memory_kind=row.get("memory_kind", ""),
         )
     return specs
 
 
 def get_device_spec(name: str) -> DeviceSpec:
-    """The table row called ``name`` (case-insensitive); an unknown name lists the known ones."""
-    specs = load_hardware()
+    """The table row called ``name`` (case-insensitive, any kind); an unknown name lists the
+    known ones."""
+    specs = load_hardware(kinds=None)
     for key, spec in specs.items():
         if key.lower() == name.strip().lower():
             return spec

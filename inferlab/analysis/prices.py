@@ -1,0 +1,120 @@
+"""Prices, each a dated and sourced row: what an hour of a device costs, and what an API charges.
+
+Prices change every few months, so the course keeps them in two files and computes from the
+rows, never from a number typed into a page:
+
+- ``data/prices.csv``: one device for one hour (``usd_per_hour``), from a provider's offering
+  (an 8-GPU instance's hourly price is divided by 8), with the date the price held and where it
+  was read;
+- ``data/api_prices.csv``: what a provider charges per million input, cached input (a cache
+  hit), cache-write (an input token stored for later calls) and output tokens for one model,
+  with its date and source.
+
+Every row has a ``status``: ``secondary`` (read in a copy or a report of the source, as listed
+in the course's FACTS sheet) or ``unverified`` (the author's recollection of the provider's
+page; the book says so wherever it prints one). Loading refuses a row without a source, a
+parseable date (``YYYY-MM-DD`` or ``YYYY-MM``) or a known status, so a price cannot enter the
+book undated; ``tests/test_prices.py`` checks both files. Updating a row updates every number
+computed from it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+
+from inferlab.data import read_table
+
+STATUSES = ("verified", "secondary", "unverified")
+
+
+def parse_date(text: str) -> _dt.date:
+    """``YYYY-MM-DD``, or ``YYYY-MM`` for a price known to the month (read as the 1st)."""
+    text = text.strip()
+    try:
+        return _dt.date.fromisoformat(text if len(text) != 7 else text + "-01")
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date of the form YYYY-MM-DD or YYYY-MM") from None
+
+
+def _checked(row: dict, file: str) -> dict:
+    """``row`` after checking that it is sourced, dated and has a known status."""
+    where = f"data/{file}, row {row}"
+    if not row.get("source", "").strip():
+        raise ValueError(f"{where}: no source")
+    parse_date(row.get("date", ""))
+    if row.get("status") not in STATUSES:
+        raise ValueError(f"{where}: status must be one of {STATUSES}")
+    return row
+
+
+@dataclass(frozen=True)
+class DevicePrice:
+    """One device for one hour, from one provider, as of ``date``."""
+
+    device: str            # a row of data/hardware.csv
+    usd_per_hour: float
+    provider: str
+    offering: str
+    date: str
+    source: str
+    status: str
+
+    @property
+    def usd_per_second(self) -> float:
+        return self.usd_per_hour / 3600
+
+    def label(self) -> str:
+        """How the book cites it: "$6.88/h (AWS, 2026-11-09, secondary)"."""
+        return f"${self.usd_per_hour:.2f}/h ({self.provider}, {self.date}, {self.status})"
+
+
+@dataclass(frozen=True)
+class TokenPrice:
+    """What an API charges per million tokens of one model, as of ``date``."""
+
+    provider: str
+    model: str
+    usd_per_m_input: float
+    usd_per_m_cached_input: float   # a cache hit
+    usd_per_m_cache_write: float    # an input token written to the cache (a miss)
+    usd_per_m_output: float
+    date: str
+    source: str
+    status: str
+
+    @property
+    def output_over_input(self) -> float:
+        return self.usd_per_m_output / self.usd_per_m_input
+
+    @property
+    def cached_discount(self) -> float:
+        """Share of the input price saved on a cached input token."""
+        return 1 - self.usd_per_m_cached_input / self.usd_per_m_input
+
+
+def device_prices() -> list[DevicePrice]:
+    """Every row of ``data/prices.csv``, checked."""
+    return [DevicePrice(r["device"], float(r["usd_per_hour"]), r["provider"], r["offering"],
+                        r["date"], r["source"], r["status"])
+            for r in (_checked(row, "prices.csv") for row in read_table("prices.csv"))]
+
+
+def device_price(device: str, provider: str | None = None) -> DevicePrice:
+    """The newest row for ``device`` (from ``provider`` if given); unknown ones list the known."""
+    rows = [p for p in device_prices() if p.device.lower() == device.lower()
+            and (provider is None or p.provider.lower() == provider.lower())]
+    if not rows:
+        known = sorted({f"{p.device} ({p.provider})" for p in device_prices()})
+        raise ValueError(f"no price for {device!r}" + (f" from {provider!r}" if provider else "")
+                         + f" in data/prices.csv; it has: {', '.join(known)}")
+    return max(rows, key=lambda p: parse_date(p.date))
+
+
+def token_prices() -> list[TokenPrice]:
+    """Every row of ``data/api_prices.csv``, checked."""
+    return [TokenPrice(r["provider"], r["model"], float(r["usd_per_m_input"]),
+                       float(r["usd_per_m_cached_input"]), float(r["usd_per_m_cache_write"]),
+                       float(r["usd_per_m_output"]),
+                       r["date"], r["source"], r["status"])
+            for r in (_checked(row, "api_prices.csv") for row in read_table("api_prices.csv"))]

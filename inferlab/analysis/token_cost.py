@@ -1,0 +1,406 @@
+"""What a token costs: the price of a device's time divided by the tokens it serves within an SLO.
+
+    dollars per million tokens = price per second / tokens per second x 10^6
+
+Two ways to get the tokens per second, which the cost calculator puts side by side:
+
+- ``floor``: the roofline bound at a chosen batch. A decode step of B sequences takes at least
+  max(FLOPs / peak, bytes / bandwidth) and yields B output tokens; a prefill of a P-token
+  prompt takes at least the same bound for its FLOPs and bytes and serves P input tokens.
+  Decode at a small or moderate batch is memory-bound, so this is the bandwidth floor.
+- ``CostCase.simulate``: the steady-state simulator (``inferlab.sim.steady_state``): the
+  highest Poisson arrival rate at which ``target`` of the requests meet the SLO, with every
+  step timed by the same roofline. Its window logs how much of the device's time went to
+  prefills and to decode steps; the hour's price is split between input and output tokens in
+  that proportion, which is why output tokens come out dearer (a prefill reads the weights
+  once for a whole prompt, a decode step once for one token of each sequence in the batch).
+
+Precision moves bytes only (``PRECISIONS``: bytes per weight and per cached K/V number; the
+arithmetic stays at the table's 16-bit peak). A model too large for one device runs on a
+``device_group`` of N devices treated as one with N times the bandwidth, FLOP/s and memory,
+and N times the price: ideal tensor parallelism, whose communication is not modelled.
+``StepCosts`` is ``inferlab.sim.simulator.RooflineCosts`` with those bytes, precomputed so
+that long simulations stay fast (``tests/test_token_cost.py`` checks the two agree).
+
+``python -m inferlab.analysis.token_cost`` prints Chapter 8's cost table from the stored
+simulations (``data/simulations/ch08_costs.json``) and today's prices (``data/prices.csv``);
+``--write`` recomputes the simulations (several minutes) and stores them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from dataclasses import asdict, dataclass, replace
+
+from inferlab.analysis import formulas
+from inferlab.analysis.hardware import DeviceSpec, get_device_spec
+from inferlab.analysis.prices import DevicePrice, device_price
+from inferlab.data import data_path
+from inferlab.model.config import ModelConfig
+from inferlab.serving.config import BLOCK_SIZE, ServingConfig
+from inferlab.serving.metrics import SLO
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, Workload,
+    capacity_at_slo, capacity_from_dict, capacity_to_dict)
+
+MILLION = 1e6
+# The search the stored cases use. Capacity is decided by SLO attainment, which converges well
+# before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
+SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2))
+
+
+def usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
+    """Dollars per million tokens for a device at ``usd_per_hour`` serving ``tokens_per_s``."""
+    if usd_per_hour < 0 or tokens_per_s <= 0:
+        raise ValueError(f"need a price >= 0 and a positive rate, got {usd_per_hour}, "
+                         f"{tokens_per_s}")
+    return usd_per_hour / 3600 / tokens_per_s * MILLION
+
+
+def bandwidth_floor_usd_per_m(weight_bytes: float, kv_bytes_per_token: float, bandwidth: float,
+                              batch: int, context: int, usd_per_hour: float) -> float:
+    """Dollars per million output tokens when decode runs at the bandwidth floor.
+
+    A step of ``batch`` sequences of ``context`` tokens reads the weights once and every
+    sequence's K/V: (W + batch x context x KV) / bandwidth seconds for ``batch`` tokens.
+    """
+    step = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
+    return usd_per_million(usd_per_hour, batch / step)
+
+
+def window_costs(window: Window, usd_per_hour: float) -> tuple[float, float]:
+    """Dollars per million (input, output) tokens of a steady-state window: the hour's price
+    split between prefills and decode steps in proportion to the busy time each took (idle
+    time is paid for too), each part divided by the tokens it served."""
+    busy = window.prefill_s + window.decode_s
+    return (usd_per_million(usd_per_hour * window.prefill_s / busy, window.achieved_in_tok_s),
+            usd_per_million(usd_per_hour * window.decode_s / busy, window.achieved_out_tok_s))
+
+
+def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
+                     slow_tokens_per_s: float) -> float:
+    """The hourly price at which the slower device's tokens cost what the faster one's do."""
+    return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How many bytes a weight and a cached K/V number take."""
+
+    name: str
+    bytes_per_weight: float
+    bytes_per_kv: float
+    note: str
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("bf16", 2, 2, "weights and KV cache in bfloat16"),
+    Precision("int8 weights", 1, 2, "weight-only int8 (W8A16); KV cache in bfloat16"),
+    Precision("int4 weights", 0.5, 2, "weight-only int4 (W4A16); KV cache in bfloat16"),
+    Precision("fp8 weights and KV", 1, 1, "8-bit weights and an 8-bit KV cache"),
+)}
+
+
+def precision(name: str | Precision) -> Precision:
+    if isinstance(name, Precision):
+        return name
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def device_group(device: str | DeviceSpec, count: int = 1) -> DeviceSpec:
+    """``count`` devices as one: ``count`` times the bandwidth, FLOP/s and memory.
+
+    Ideal tensor parallelism: each device reads its share of every weight and cache, and the
+    all-reduces between them cost nothing. Real groups lose some of this to communication.
+    """
+    spec = get_device_spec(device) if isinstance(device, str) else device
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    if count == 1:
+        return spec
+    scale = lambda x: None if x is None else x * count  # noqa: E731
+    return replace(spec, name=f"{count}x {spec.name}", bandwidth=spec.bandwidth * count,
+                   peak_bf16=scale(spec.peak_bf16), peak_fp16=scale(spec.peak_fp16),
+                   memory=scale(spec.memory), match=())
+
+
+def weight_bytes(config: ModelConfig, prec: Precision | str, read_per_step: bool = True) -> float:
+    """Bytes of weights at ``prec``: those a forward pass reads (all but the input embedding,
+    ``formulas.decode_bytes_per_step``), or with ``read_per_step=False`` all of them."""
+    p = precision(prec)
+    per_param = (formulas.decode_bytes_per_step(config, "bfloat16") if read_per_step
+                 else formulas.weight_bytes(config, "bfloat16")) / 2  # bf16: 2 bytes each
+    return per_param * p.bytes_per_weight
+
+
+def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
+    return formulas.kv_bytes_per_token(config, "bfloat16") / 2 * precision(prec).bytes_per_kv
+
+
+def group_size(config: ModelConfig, device: str | DeviceSpec, prec="bf16",
+               kv_share: float = 0.4) -> int:
+    """The fewest devices (a power of two, as tensor parallelism wants) whose memory leaves at
+    least ``kv_share`` of it for the KV cache beside the weights."""
+    spec = get_device_spec(device) if isinstance(device, str) else device
+    total = weight_bytes(config, prec, read_per_step=False)
+    count = 1
+    while total > (1 - kv_share) * count * spec.memory:
+        count *= 2
+    return count
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Roofline step times, as ``RooflineCosts``, with a precision's bytes; precomputed."""
+
+    weight_bytes: float            # read by every forward pass
+    kv_bytes_per_token: float
+    matmul_flops_per_token: float  # 2 per weight multiplied
+    attention_flops_per_key: float  # 4 L H D per (query, key) pair
+    window: int | None             # sliding window, if the model has one
+    peak_flops: float
+    bandwidth: float
+
+    @classmethod
+    def for_device(cls, config: ModelConfig, spec: DeviceSpec, prec="bf16") -> "StepCosts":
+        peak = spec.peak_flops("bfloat16") or spec.peak_flops("float16")
+        if peak is None:
+            raise ValueError(f"{spec.name} has no 16-bit peak in the hardware table")
+        base = formulas.flops_per_token(config, 0)
+        return cls(weight_bytes(config, prec), kv_bytes_per_token(config, prec), base,
+                   formulas.flops_per_token(config, 1) - base,
+                   getattr(config, "sliding_window", None), peak, spec.bandwidth)
+
+    def _held(self, n: int) -> int:
+        return n if self.window is None else min(n, self.window)
+
+    def prefill_s(self, n_tokens: int) -> float:
+        flops = (n_tokens * self.matmul_flops_per_token
+                 + self.attention_flops_per_key * self._held(n_tokens) * (n_tokens + 1) / 2)
+        nbytes = self.weight_bytes + n_tokens * self.kv_bytes_per_token
+        return max(flops / self.peak_flops, nbytes / self.bandwidth)
+
+    def decode_s(self, batch: int, context_tokens: int) -> float:
+        flops = batch * self.matmul_flops_per_token + self.attention_flops_per_key * context_tokens
+        nbytes = self.weight_bytes + context_tokens * self.kv_bytes_per_token
+        return max(flops / self.peak_flops, nbytes / self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Dollars per million tokens at the roofline bound, at ``batch`` sequences per step."""
+
+    batch: int
+    prefill_s: float          # one prompt's prefill
+    decode_step_s: float      # one step of ``batch`` sequences at the mean context
+    usd_per_hour: float       # for the whole group
+    prompt: int
+
+    @property
+    def usd_per_m_input(self) -> float:
+        return usd_per_million(self.usd_per_hour, self.prompt / self.prefill_s)
+
+    @property
+    def usd_per_m_output(self) -> float:
+        return usd_per_million(self.usd_per_hour, self.batch / self.decode_step_s)
+
+
+@dataclass(frozen=True)
+class SimulatedCost:
+    """The simulator's steady state at the highest rate within the SLO, priced."""
+
+    rate: float               # requests/s within the SLO
+    window: Window | None     # None when not even a low rate met the SLO
+    usd_per_hour: float       # for the whole group
+
+    @property
+    def ok(self) -> bool:
+        return self.window is not None and self.window.achieved_out_tok_s > 0
+
+    @property
+    def batch(self) -> float:
+        """The batch the cost assumes: mean sequences per decode step in steady state."""
+        return self.window.mean_batch if self.ok else float("nan")
+
+    @property
+    def usd_per_m_input(self) -> float:
+        return window_costs(self.window, self.usd_per_hour)[0] if self.ok else float("inf")
+
+    @property
+    def usd_per_m_output(self) -> float:
+        return window_costs(self.window, self.usd_per_hour)[1] if self.ok else float("inf")
+
+
+@dataclass(frozen=True)
+class CostCase:
+    """One calculator setting: model, device (and how many), precision, lengths, SLO."""
+
+    model: str = "llama-3-8b"
+    device: str = "H100 SXM"
+    count: int | None = None       # devices; None: ``group_size``
+    precision: str = "bf16"
+    prompt: int = 1000
+    output: int = 250
+    ttft_s: float = 2.0
+    tpot_s: float = 0.05
+    target: float = 0.9            # share of requests within the SLO
+    max_batch: int = 256
+
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_name(self.model)
+
+    @property
+    def devices(self) -> int:
+        return self.count or group_size(self.config(), self.device, self.precision)
+
+    def spec(self) -> DeviceSpec:
+        return device_group(self.device, self.devices)
+
+    def costs(self) -> StepCosts:
+        return StepCosts.for_device(self.config(), self.spec(), self.precision)
+
+    def serving(self) -> ServingConfig:
+        """The pool: the group's memory less the weights, in blocks of the precision's K/V."""
+        config = self.config()
+        budget = self.spec().memory - weight_bytes(config, self.precision, read_per_step=False)
+        blocks = int(budget // kv_bytes_per_token(config, self.precision)) // BLOCK_SIZE
+        if blocks * BLOCK_SIZE < self.prompt + self.output:
+            raise ValueError(f"{config.name} at {self.precision} leaves no room for one request "
+                             f"on {self.spec().name}")
+        return ServingConfig(num_blocks=blocks, max_batch=self.max_batch)
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(self.ttft_s, self.tpot_s)
+
+    def price(self, provider: str | None = None) -> DevicePrice:
+        return device_price(self.device, provider)
+
+    def floor(self, batch: int, usd_per_device_hour: float) -> Floor:
+        """The roofline cost at ``batch``: each sequence at the mean decode context."""
+        costs = self.costs()
+        context = self.prompt + self.output / 2
+        return Floor(batch, costs.prefill_s(self.prompt),
+                     costs.decode_s(batch, int(round(batch * context))),
+                     usd_per_device_hour * self.devices, self.prompt)
+
+    def capacity(self, **kw) -> SLOCapacity:
+        """The simulator's search (``capacity_at_slo``, settings ``SEARCH``, which keyword
+        arguments override)."""
+        kw = {**SEARCH, **kw}
+        return capacity_at_slo(Workload.fixed(self.prompt, self.output), self.costs(),
+                               self.serving(), self.slo, self.target, **kw)
+
+    def priced(self, capacity: SLOCapacity, usd_per_device_hour: float) -> SimulatedCost:
+        return SimulatedCost(capacity.rate, capacity.window, usd_per_device_hour * self.devices)
+
+    def simulate(self, usd_per_device_hour: float, **kw) -> SimulatedCost:
+        return self.priced(self.capacity(**kw), usd_per_device_hour)
+
+
+# --- Chapter 8's cases, simulated once and stored --------------------------------------------
+
+TABLE_MODELS = ("llama-3-8b", "llama-3-70b")
+TABLE_DEVICES = ("A100 80GB SXM", "H100 SXM", "H200 SXM", "B200")
+TPOT_BOUNDS = (0.015, 0.02, 0.03, 0.05, 0.1)
+
+
+def chapter_cases() -> list[CostCase]:
+    """The settings Chapter 8 prices: the table, precisions, and a sweep of TPOT bounds."""
+    cases = [CostCase(model=m, device=d) for m in TABLE_MODELS for d in TABLE_DEVICES]
+    cases += [CostCase(precision=p) for p in PRECISIONS if p != "bf16"]
+    cases += [CostCase(model="llama-3-70b", precision=p) for p in ("int8 weights", "int4 weights")]
+    cases += [CostCase(device=d, tpot_s=t) for d in ("A100 80GB SXM", "H100 SXM")
+              for t in TPOT_BOUNDS if t != CostCase().tpot_s]
+    return cases
+
+
+NAME = "ch08_costs.json"
+
+
+def case_key(case: CostCase) -> str:
+    return json.dumps(asdict(case), sort_keys=True)
+
+
+def write(cases=None, progress=print) -> dict:
+    """Simulate ``cases`` (default ``chapter_cases()``) and store them; returns the record."""
+    from inferlab.measurements import git_commit
+
+    record = {"provenance": {"command": "python -m inferlab.analysis.token_cost --write",
+                             "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
+              "cases": []}
+    for case in cases or chapter_cases():
+        cap = case.capacity()
+        progress(f"{case.model} on {case.spec().name}, {case.precision}, TPOT <= "
+                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes)")
+        record["cases"].append({"case": asdict(case), "inputs": inputs(case),
+                                "capacity": capacity_to_dict(cap)})
+    out = data_path("hardware.csv").parent / "simulations" / NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
+
+
+def inputs(case: CostCase) -> dict:
+    """The table numbers a case's simulation used (to tell when a stored one is stale)."""
+    costs = case.costs()
+    return {"devices": case.devices, **asdict(costs), "num_blocks": case.serving().num_blocks}
+
+
+def stored() -> dict[str, tuple[CostCase, SLOCapacity, dict]]:
+    """The stored simulations, keyed by ``case_key``: (case, capacity, inputs)."""
+    record = json.loads(data_path("simulations", NAME).read_text(encoding="utf-8"))
+    out = {}
+    for entry in record["cases"]:
+        case = CostCase(**entry["case"])
+        out[case_key(case)] = (case, capacity_from_dict(entry["capacity"]), entry["inputs"])
+    return out
+
+
+def stored_capacity(case: CostCase) -> SLOCapacity:
+    """The stored search for ``case``; a case not stored says how to add it."""
+    table = stored()
+    if case_key(case) not in table:
+        raise KeyError(f"{case} is not in data/simulations/{NAME}: add it to chapter_cases() "
+                       "and run python -m inferlab.analysis.token_cost --write")
+    return table[case_key(case)][1]
+
+
+def cost_table(provider: str | None = "CoreWeave") -> str:
+    """Chapter 8's table: each model on each device, floor and simulated, at today's prices."""
+    lines = [f"{'model':12s} {'devices':>18s} {'$/h':>7s} {'req/s':>6s} {'batch':>6s} "
+             f"{'$/M in':>7s} {'$/M out':>8s} {'floor out':>9s}  price"]
+    for model in TABLE_MODELS:
+        for device in TABLE_DEVICES:
+            case = CostCase(model=model, device=device)
+            price = case.price(provider)
+            sim = case.priced(stored_capacity(case), price.usd_per_hour)
+            floor = case.floor(max(1, round(sim.batch)), price.usd_per_hour)
+            lines.append(f"{model:12s} {case.spec().name:>18s} {sim.usd_per_hour:7.2f} "
+                         f"{sim.rate:6.2f} {sim.batch:6.1f} {sim.usd_per_m_input:7.3f} "
+                         f"{sim.usd_per_m_output:8.3f} {floor.usd_per_m_output:9.3f}  "
+                         f"{price.label()}")
+    c = CostCase()
+    lines.append(f"(prompt {c.prompt}, output {c.output} tokens; SLO TTFT <= {c.ttft_s:g} s, "
+                 f"TPOT <= {c.tpot_s * 1e3:g} ms for {c.target:.0%}; bf16; 'floor out' is the "
+                 "roofline cost of output at the simulated batch)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Chapter 8's cost table.")
+    parser.add_argument("--write", action="store_true",
+                        help=f"recompute every case (minutes) into data/simulations/{NAME}")
+    parser.add_argument("--provider", default="CoreWeave",
+                        help="whose prices (data/prices.csv) to use (default CoreWeave)")
+    args = parser.parse_args(argv)
+    if args.write:
+        write()
+    print(cost_table(args.provider))
+
+
+if __name__ == "__main__":
+    main()

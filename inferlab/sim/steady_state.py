@@ -1,0 +1,376 @@
+"""Steady state: serve a Poisson stream long enough that what is measured stops changing.
+
+A finite trace begins with an empty server (warm-up: short queues, small batches) and ends
+with a drain (nobody arrives, the backlog is worked off). Neither is the service an operator
+runs, and at an offered load above what the server can sustain a short trace hides the worst of
+it: the queue grows for as long as requests keep arriving, so every latency depends on how long
+the trace was, and a run looks healthy only because the trace ends. This module measures the
+part in between, and keeps making the trace longer until the measurement stops moving:
+
+- ``Workload``: where request lengths come from (a trace's rows drawn with replacement, or one
+  fixed prompt and output length), and ``Workload.requests(n, rate)``: ``n`` requests with
+  Poisson arrivals. A longer trace extends a shorter one (same seed, same first requests), so
+  growing the trace only adds to it.
+- ``measure``: one simulated run (``inferlab.sim.simulator.simulate``, the real scheduler and
+  loop) summarised over a window that leaves out the first ``warmup`` and the last ``cooldown``
+  share of the arrival period. Offered load is what arrived in the window; achieved throughput
+  is what was produced in it (output tokens stamped, prompts prefilled, requests finished), so
+  a server that falls behind shows achieved below offered. Latencies and SLO attainment are
+  those of the requests that arrived in the window, followed to their last token.
+- ``steady_state``: ``measure`` at n, 2n, 4n, ... requests until two successive lengths agree
+  (``Criterion``: both of at least 800 requests; achieved over offered output tokens/s within
+  3%, p50 and p99
+  end-to-end latency within 5% and 10%, SLO attainment within 0.02, and neither falling
+  behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
+  at two successive lengths, by a shortfall the longer trace does not wear down, while the p99
+  latency keeps growing with the trace. Every length's window is kept, as the evidence.
+- ``capacity_at_slo``: the highest offered rate whose steady state keeps ``target`` of the
+  requests within an SLO (goodput's capacity, as DistServe, Zhong et al. OSDI 2024, defines it),
+  found by bisection on the rate; ``sweep`` measures a list of rates.
+
+``inferlab.sim.sweeps`` runs Chapter 4's sweep with these and stores it in ``data/``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.metrics import SLO, Percentiles
+from inferlab.serving.request import Request
+from inferlab.sim.simulator import CostModel, simulate
+from inferlab.sim.traces import poisson_arrivals, sharegpt_like, scale_lengths
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Request lengths to draw from: ``rows`` of (prompt tokens, output tokens), uniformly."""
+
+    name: str
+    rows: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows or any(p < 1 or o < 1 for p, o in self.rows):
+            raise ValueError(f"workload {self.name!r} needs rows of positive (prompt, output) "
+                             "lengths")
+
+    @classmethod
+    def sharegpt(cls, scale: float = 1.0) -> "Workload":
+        """The ShareGPT-like trace of ``inferlab.sim.traces`` (lengths times ``scale``)."""
+        rows = scale_lengths(sharegpt_like(), scale) if scale != 1.0 else sharegpt_like()
+        name = "sharegpt_like" + ("" if scale == 1.0 else f" x{scale:g}")
+        return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
+
+    @classmethod
+    def fixed(cls, prompt_len: int, output_len: int) -> "Workload":
+        """Every request the same: ``prompt_len`` tokens in, ``output_len`` out."""
+        return cls(f"{prompt_len} in / {output_len} out", ((int(prompt_len), int(output_len)),))
+
+    @property
+    def mean_lengths(self) -> tuple[float, float]:
+        """Mean prompt and output length of the rows (what a long trace converges to)."""
+        return (sum(p for p, _ in self.rows) / len(self.rows),
+                sum(o for _, o in self.rows) / len(self.rows))
+
+    def requests(self, n: int, rate: float, seed: int = 0) -> list[Request]:
+        """``n`` requests arriving as a Poisson process at ``rate`` per second.
+
+        Row ``i`` and arrival ``i`` do not depend on ``n``: a longer trace extends a shorter
+        one. The same seed at another rate gives the same rows and arrivals scaled in time.
+        """
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        picks = np.random.default_rng(seed + 1).integers(0, len(self.rows), size=n)
+        arrivals = poisson_arrivals(n, rate, seed=seed)
+        return [Request((0,) * self.rows[k][0], self.rows[k][1], t, i)
+                for i, (k, t) in enumerate(zip(picks.tolist(), arrivals))]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One run, measured between warm-up and drain. Rates are per second of simulated time."""
+
+    n_requests: int               # requests in the trace
+    window_requests: int          # of which arrived inside the window
+    duration_s: float             # the window's length
+    offered_req_s: float
+    offered_in_tok_s: float       # prompt tokens arriving per second
+    offered_out_tok_s: float      # output tokens asked for per second
+    achieved_req_s: float         # requests finished inside the window, per second
+    achieved_in_tok_s: float      # prompt tokens of requests first prefilled in the window
+    achieved_out_tok_s: float     # output tokens produced inside the window
+    ttft: Percentiles             # of the requests that arrived in the window
+    tpot: Percentiles
+    latency: Percentiles
+    slo_attainment: float         # share of window arrivals within the SLO (NaN without one)
+    goodput_req_s: float          # window arrivals within the SLO, per second
+    mean_batch: float             # sequences per decode step inside the window
+    prefill_s: float              # busy time inside the window spent on prefills
+    decode_s: float               # and on decode steps (the rest of the window was idle)
+    preemptions: int              # in the whole run
+
+    @property
+    def saturated(self) -> bool:
+        """Achieved output more than 5% below offered: the server is falling behind."""
+        return self.achieved_out_tok_s < 0.95 * self.offered_out_tok_s
+
+    @property
+    def busy_share(self) -> float:
+        return (self.prefill_s + self.decode_s) / self.duration_s
+
+
+def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
+            slo: SLO | None = None, warmup: float = 0.2, cooldown: float = 0.1) -> Window:
+    """Simulate ``requests`` and measure the window between warm-up and drain.
+
+    The window runs from ``warmup`` to ``1 - cooldown`` of the time of the last arrival. The
+    run itself goes on to the end, so every request that arrived in the window is followed to
+    its last token, however long the queue it met.
+    """
+    if not (0 <= warmup and 0 <= cooldown and warmup + cooldown < 1):
+        raise ValueError(f"need warmup, cooldown >= 0 with warmup + cooldown < 1, got "
+                         f"{warmup}, {cooldown}")
+    run = simulate(requests, costs, config)
+    refused = [r.error for r in run.results if not r.ok]
+    if refused:
+        raise ValueError(f"{len(refused)} requests were refused, e.g.: {refused[0]}")
+    end = max(r.arrival_s for r in requests)
+    t0, t1 = warmup * end, (1 - cooldown) * end
+    duration = t1 - t0
+    if duration <= 0:
+        raise ValueError("the trace's arrivals span no time: give it more than one request")
+    inside = lambda t: t0 <= t < t1  # noqa: E731
+    arrived = [(req, res) for req, res in zip(requests, run.results) if inside(req.arrival_s)]
+    if not arrived:
+        raise ValueError("no request arrived inside the window: make the trace longer")
+    timings = [res.timing for _, res in arrived]
+    out_tokens = sum(sum(1 for t in res.timing.token_times_s if inside(t)) for res in run.results)
+    finished = sum(inside(res.timing.token_times_s[-1]) for res in run.results)
+    first_in = sum(len(req.prompt) for req, res in zip(requests, run.results)
+                   if inside(res.timing.token_times_s[0]))
+    prefill_s = decode_s = 0.0
+    steps = rows = 0
+    for it in run.iterations:
+        if inside(it.start_s):
+            prefill_s += sum(s for _, _, s in it.prefills)
+            if it.decode_ids:
+                decode_s += it.decode_s
+                steps += 1
+                rows += it.decode_batch
+    met = sum(slo.met_by(t) for t in timings) if slo is not None else math.nan
+    return Window(
+        n_requests=len(requests), window_requests=len(arrived), duration_s=duration,
+        offered_req_s=len(arrived) / duration,
+        offered_in_tok_s=sum(len(req.prompt) for req, _ in arrived) / duration,
+        offered_out_tok_s=sum(req.max_new_tokens for req, _ in arrived) / duration,
+        achieved_req_s=finished / duration, achieved_in_tok_s=first_in / duration,
+        achieved_out_tok_s=out_tokens / duration,
+        ttft=Percentiles.of(t.ttft for t in timings), tpot=Percentiles.of(t.tpot for t in timings),
+        latency=Percentiles.of(t.latency for t in timings),
+        slo_attainment=met / len(arrived) if slo is not None else math.nan,
+        goodput_req_s=met / duration if slo is not None else math.nan,
+        mean_batch=rows / steps if steps else 0.0, prefill_s=prefill_s, decode_s=decode_s,
+        preemptions=run.num_preemptions)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """When two successive trace lengths count as one steady state, or as an overload.
+
+    No verdict is drawn from a trace shorter than ``min_requests``: a short trace is mostly
+    warm-up, and a server still filling its batch also produces less than is offered.
+    Throughput is compared as achieved over offered: the offered load itself differs from one
+    trace length to the next (Poisson arrivals, random lengths), and a server that keeps up
+    follows it.
+    """
+
+    throughput_rtol: float = 0.03   # achieved over offered output tokens/s
+    p50_rtol: float = 0.05          # median end-to-end latency
+    p99_rtol: float = 0.10          # p99 end-to-end latency (a tail moves more)
+    attainment_atol: float = 0.02   # SLO attainment, as a share of requests
+    min_requests: int = 800         # the shorter trace of a pair at least this long
+    shortfall_kept: float = 0.75    # overload: the shortfall does not shrink below this share
+
+    def agree(self, a: Window, b: Window) -> bool:
+        """Both long enough, neither falling behind, and every tracked number within bounds."""
+        if a.n_requests < self.min_requests or a.saturated or b.saturated:
+            return False
+        close = lambda x, y, rtol: abs(x - y) <= rtol * max(abs(x), abs(y))  # noqa: E731
+        kept = lambda w: w.achieved_out_tok_s / w.offered_out_tok_s  # noqa: E731
+        ok = (close(kept(a), kept(b), self.throughput_rtol)
+              and close(a.latency.p50, b.latency.p50, self.p50_rtol)
+              and close(a.latency.p99, b.latency.p99, self.p99_rtol))
+        if not math.isnan(a.slo_attainment):
+            ok = ok and abs(a.slo_attainment - b.slo_attainment) <= self.attainment_atol
+        return ok
+
+    def overloaded(self, a: Window, b: Window) -> bool:
+        """Both long enough and falling behind, by a shortfall the longer trace does not wear
+        down (a warm-up's shortfall halves when the trace doubles), while the p99 latency
+        grows with the trace."""
+        if a.n_requests < self.min_requests or not (a.saturated and b.saturated):
+            return False
+        short = lambda w: 1 - w.achieved_out_tok_s / w.offered_out_tok_s  # noqa: E731
+        return (short(b) >= self.shortfall_kept * short(a)
+                and b.latency.p99 > (1 + self.p99_rtol) * a.latency.p99)
+
+
+STABLE, OVERLOADED, UNSETTLED = "stable", "overloaded", "not converged"
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """The windows measured at growing trace lengths, and what they came to."""
+
+    rate: float
+    status: str                       # STABLE, OVERLOADED or UNSETTLED
+    history: tuple[Window, ...]       # one window per trace length, shortest first
+
+    @property
+    def window(self) -> Window:
+        """The longest trace's window: the measurement to report."""
+        return self.history[-1]
+
+    @property
+    def stable(self) -> bool:
+        return self.status == STABLE
+
+
+def steady_state(workload: Workload, rate: float, costs: CostModel, config: ServingConfig,
+                 slo: SLO | None = None, n0: int = 400, n_max: int = 6400, seed: int = 0,
+                 criterion: Criterion = Criterion(), warmup: float = 0.2,
+                 cooldown: float = 0.1) -> SteadyState:
+    """``measure`` at ``n0``, ``2 n0``, ... requests until ``criterion`` says two agree."""
+    history: list[Window] = []
+    n = n0
+    while True:
+        history.append(measure(workload.requests(n, rate, seed), costs, config, slo, warmup,
+                               cooldown))
+        if len(history) >= 2:
+            a, b = history[-2], history[-1]
+            if criterion.overloaded(a, b):
+                return SteadyState(rate, OVERLOADED, tuple(history))
+            if criterion.agree(a, b):
+                return SteadyState(rate, STABLE, tuple(history))
+        if 2 * n > n_max:
+            return SteadyState(rate, UNSETTLED, tuple(history))
+        n *= 2
+
+
+def sweep(workload: Workload, rates, costs: CostModel, config: ServingConfig,
+          slo: SLO | None = None, **kw) -> list[SteadyState]:
+    """``steady_state`` at each of ``rates``."""
+    return [steady_state(workload, r, costs, config, slo, **kw) for r in rates]
+
+
+@dataclass(frozen=True)
+class SLOCapacity:
+    """The highest rate found whose steady state meets the SLO, and the probes that found it."""
+
+    rate: float                        # requests per second (0.0: not even the lowest probe)
+    state: SteadyState | None          # the steady state at ``rate``
+    probes: tuple[SteadyState, ...]    # every rate tried, in the order tried
+
+    @property
+    def window(self) -> Window | None:
+        return None if self.state is None else self.state.window
+
+
+def _meets(state: SteadyState, target: float) -> bool:
+    return state.stable and state.window.slo_attainment >= target
+
+
+def saturation_estimate(workload: Workload, costs: CostModel, config: ServingConfig) -> float:
+    """A quick upper estimate of the requests/s a server can sustain, to start a search from.
+
+    At its largest batch B (``max_batch``, or fewer if the pool cannot hold B requests of mean
+    length), a request costs its prefill plus its share of ``output`` decode steps of B:
+    1 / (prefill(P) + O x decode(B, B x (P + O/2)) / B), with P and O the mean lengths.
+    """
+    p, o = workload.mean_lengths
+    batch = config.max_batch
+    if config.num_blocks is not None:
+        batch = max(1, min(batch, int(config.pool_tokens // (p + o))))
+    context = int(batch * (p + o / 2))
+    per_request = costs.prefill_s(int(round(p))) + o * costs.decode_s(batch, context) / batch
+    return 1.0 / per_request
+
+
+def capacity_at_slo(workload: Workload, costs: CostModel, config: ServingConfig, slo: SLO,
+                    target: float = 0.9, start: float | None = None, rtol: float = 0.05,
+                    max_probes: int = 16, **kw) -> SLOCapacity:
+    """The highest offered rate (requests/s) whose steady state keeps ``target`` within ``slo``.
+
+    A rate *meets* the SLO when its steady state is established (``STABLE``) and at least
+    ``target`` of the requests in its window met the SLO. From ``start`` (default: half of
+    ``saturation_estimate``) the rate goes up by 1.5x until one fails, or down by 2x until one
+    meets; then the bracket is bisected geometrically until its ends are within ``rtol``.
+    Assumes attainment falls as the rate grows. Keyword arguments go to ``steady_state``.
+    """
+    probes: list[SteadyState] = []
+
+    def probe(rate: float) -> SteadyState:
+        if len(probes) >= max_probes:
+            raise RuntimeError(f"no bracket within {max_probes} probes: rates tried "
+                               f"{[round(p.rate, 4) for p in probes]}")
+        probes.append(steady_state(workload, rate, costs, config, slo, **kw))
+        return probes[-1]
+
+    rate = 0.5 * saturation_estimate(workload, costs, config) if start is None else start
+    state = probe(rate)
+    good, bad = (state, None) if _meets(state, target) else (None, state)
+    while good is None:
+        rate /= 2
+        state = probe(rate)
+        if _meets(state, target):
+            good = state
+        else:
+            bad = state
+        if good is None and rate < 1e-6:
+            return SLOCapacity(0.0, None, tuple(probes))
+    while bad is None:
+        rate *= 1.5
+        state = probe(rate)
+        if _meets(state, target):
+            good = state
+        else:
+            bad = state
+    while bad.rate / good.rate > 1 + rtol:
+        state = probe(math.sqrt(good.rate * bad.rate))
+        if _meets(state, target):
+            good = state
+        else:
+            bad = state
+    return SLOCapacity(good.rate, good, tuple(probes))
+
+
+# --- To and from JSON (``inferlab.sim.sweeps`` stores results in data/) -----------------------
+
+def window_to_dict(w: Window) -> dict:
+    return asdict(w)
+
+
+def window_from_dict(d: dict) -> Window:
+    return Window(**{k: Percentiles(**v) if k in ("ttft", "tpot", "latency") else v
+                     for k, v in d.items()})
+
+
+def state_to_dict(s: SteadyState) -> dict:
+    return {"rate": s.rate, "status": s.status, "history": [asdict(w) for w in s.history]}
+
+
+def state_from_dict(d: dict) -> SteadyState:
+    return SteadyState(d["rate"], d["status"], tuple(window_from_dict(w) for w in d["history"]))
+
+
+def capacity_to_dict(c: SLOCapacity) -> dict:
+    return {"rate": c.rate, "state": None if c.state is None else state_to_dict(c.state),
+            "probes": [state_to_dict(p) for p in c.probes]}
+
+
+def capacity_from_dict(d: dict) -> SLOCapacity:
+    return SLOCapacity(d["rate"], None if d["state"] is None else state_from_dict(d["state"]),
+                       tuple(state_from_dict(p) for p in d["probes"]))

@@ -1,0 +1,142 @@
+"""Steady-state simulation (inferlab.sim.steady_state) and Chapter 4's stored sweep.
+
+A server whose every decode step takes 10 ms, with no prefill cost, batches of at most four and
+ten output tokens per request can finish at most 4 / (10 x 10 ms) = 40 requests a second: the
+tests check the machinery against that arithmetic. The stored sweep is checked against the
+tables it was computed from and against recomputation.
+"""
+
+import json
+import math
+
+import pytest
+
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.metrics import SLO, Percentiles
+from inferlab.sim import steady_state as ss
+from inferlab.sim import sweeps
+
+
+class Fixed:
+    """Every decode step 10 ms, prefills free: capacity = max_batch / (output x 10 ms)."""
+
+    def prefill_s(self, n_tokens):
+        return 0.0
+
+    def decode_s(self, batch, context_tokens):
+        return 0.01
+
+
+WORK = ss.Workload.fixed(8, 10)
+CONFIG = ServingConfig(num_blocks=64, max_batch=4)
+CAPACITY = 4 / (10 * 0.01)  # requests per second
+
+
+def test_a_longer_trace_extends_a_shorter_one_and_rates_rescale_time():
+    short, long = WORK.requests(50, 5.0, seed=3), WORK.requests(200, 5.0, seed=3)
+    assert [(r.arrival_s, len(r.prompt), r.max_new_tokens) for r in short] == \
+        [(r.arrival_s, len(r.prompt), r.max_new_tokens) for r in long[:50]]
+    fast = WORK.requests(50, 10.0, seed=3)
+    assert all(math.isclose(a.arrival_s, 2 * b.arrival_s) for a, b in zip(short, fast))
+    sharegpt = ss.Workload.sharegpt()
+    a, b = sharegpt.requests(100, 1.0, seed=1), sharegpt.requests(400, 1.0, seed=1)
+    assert [len(r.prompt) for r in a] == [len(r.prompt) for r in b[:100]]
+
+
+def test_below_capacity_the_server_keeps_up_and_the_window_adds_up():
+    w = ss.measure(WORK.requests(2000, 0.5 * CAPACITY), Fixed(), CONFIG, SLO(1.0, 0.05))
+    assert w.window_requests == pytest.approx(0.7 * 2000, rel=0.1)  # 20% warm-up, 10% drain
+    assert w.achieved_out_tok_s == pytest.approx(w.offered_out_tok_s, rel=0.03)
+    assert w.offered_out_tok_s == pytest.approx(10 * w.offered_req_s)
+    assert w.achieved_in_tok_s == pytest.approx(w.offered_in_tok_s, rel=0.03)
+    assert not w.saturated and w.slo_attainment == 1.0
+    assert w.prefill_s == 0.0 and 0 < w.decode_s <= w.duration_s
+    assert 1 <= w.mean_batch <= 4
+    # one token per 10 ms step, and one step of waiting between the prefill and the first
+    # decode: (20 + 8 x 10) ms / 9 gaps
+    assert w.tpot.p50 == pytest.approx(0.1 / 9)
+
+
+def test_a_stable_rate_converges_and_an_excessive_one_is_called_overloaded():
+    stable = ss.steady_state(WORK, 0.5 * CAPACITY, Fixed(), CONFIG, n0=400, n_max=6400)
+    assert stable.status == ss.STABLE
+    sizes = [w.n_requests for w in stable.history]
+    assert sizes == [400 * 2**i for i in range(len(sizes))] and sizes[-2] >= 800
+    over = ss.steady_state(WORK, 2 * CAPACITY, Fixed(), CONFIG, n0=400, n_max=6400)
+    assert over.status == ss.OVERLOADED
+    assert over.window.achieved_req_s == pytest.approx(CAPACITY, rel=0.05)
+    # the signature of an overload: the tail grows with the trace
+    assert over.history[-1].latency.p99 > 1.5 * over.history[-2].latency.p99
+
+
+def test_a_warm_up_shortfall_that_wears_down_is_not_an_overload():
+    p = Percentiles(1.0, 1.0, 1.0, 1.0)
+    def window(n, offered, achieved, p99):
+        return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved, p, p,
+                         Percentiles(1.0, 1.0, 1.0, p99), math.nan, math.nan, 1.0, 0.0, 1.0, 0)
+    c = ss.Criterion()
+    ramp = (window(800, 100, 90, 2.0), window(1600, 100, 95.5, 2.5))  # shortfall 10% -> 4.5%
+    assert not c.overloaded(*ramp)
+    behind = (window(800, 100, 70, 2.0), window(1600, 100, 70, 4.0))
+    assert c.overloaded(*behind)
+    assert not c.overloaded(window(400, 100, 70, 2.0), window(800, 100, 70, 4.0))  # too short
+    same = (window(800, 100, 99, 2.0), window(1600, 120, 119, 2.1))
+    assert c.agree(*same)  # the offered load moved; the server followed it
+
+
+def test_capacity_under_an_slo_sits_below_saturation():
+    slo = SLO(ttft_s=0.5, tpot_s=0.05)
+    cap = ss.capacity_at_slo(WORK, Fixed(), CONFIG, slo, target=0.9, n0=400, n_max=3200)
+    assert 0.5 * CAPACITY < cap.rate < CAPACITY
+    assert cap.state.stable and cap.window.slo_attainment >= 0.9
+    failed = [p for p in cap.probes if p.rate > cap.rate]
+    assert failed and all(not (p.stable and p.window.slo_attainment >= 0.9) for p in failed)
+    assert ss.saturation_estimate(WORK, Fixed(), CONFIG) == pytest.approx(CAPACITY)
+
+
+def test_results_survive_json():
+    state = ss.steady_state(WORK, 0.5 * CAPACITY, Fixed(), CONFIG, SLO(1.0, 0.05), n0=400,
+                            n_max=1600)
+    back = ss.state_from_dict(json.loads(json.dumps(ss.state_to_dict(state))))
+    assert back == state
+
+
+# --- Chapter 4's stored sweep ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stored():
+    return sweeps.load()
+
+
+def test_the_stored_sweep_was_computed_from_todays_tables(stored):
+    assert stored.inputs == json.loads(json.dumps(stored.setup.inputs())), \
+        "the tables changed since the sweep was stored: run python -m inferlab.sim.sweeps --write"
+    assert stored.provenance["date"] and stored.provenance["command"]
+
+
+def test_recomputing_stored_points_gives_the_stored_numbers(stored):
+    """The shortest trace of the highest rate, for each policy (the cheapest to recompute)."""
+    s = stored.setup
+    for policy, states in stored.states.items():
+        state = states[-1]
+        first = state.history[0]
+        again = ss.measure(s.workload().requests(first.n_requests, state.rate, s.seed),
+                           s.costs(), s.serving(policy), s.slo, s.warmup, s.cooldown)
+        assert again == first, (f"{policy} at {state.rate} req/s no longer gives the stored "
+                                "numbers: run python -m inferlab.sim.sweeps --write")
+
+
+def test_the_stored_sweep_shows_both_policies_saturating(stored):
+    for policy, states in stored.states.items():
+        statuses = [st.status for st in states]
+        assert statuses[0] == ss.STABLE and ss.OVERLOADED in statuses, (policy, statuses)
+        # once overloaded, every higher rate is overloaded too, and achieves about the same
+        first = statuses.index(ss.OVERLOADED)
+        assert all(st == ss.OVERLOADED for st in statuses[first:]), (policy, statuses)
+        stable = [st for st in states if st.stable]
+        assert all(st.window.achieved_out_tok_s > 0.95 * st.window.offered_out_tok_s
+                   for st in stable)
+    static = max(st.window.achieved_out_tok_s for st in stored.states["static"])
+    continuous = max(st.window.achieved_out_tok_s for st in stored.states["continuous"])
+    assert continuous > 2 * static
+    assert stored.capacities["continuous"].rate > stored.capacities["static"].rate

@@ -1,0 +1,161 @@
+"""The cost of a token (inferlab.analysis.token_cost, cost_calculator) and the stored simulations.
+
+The calculator's roofline floor is checked against two computations done by hand from the
+published model shapes and the datasheet numbers; the stored simulations against the tables
+they came from and against recomputation.
+"""
+
+import json
+import math
+
+import pytest
+
+from inferlab.analysis import token_cost as tc
+from inferlab.analysis.cost_calculator import calculate, plot_calculation
+from inferlab.analysis.figures import figure_problems
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.model.config import ModelConfig
+from inferlab.sim.simulator import RooflineCosts
+from inferlab.sim.steady_state import measure, Workload
+
+
+def test_floor_matches_a_hand_computation_llama2_7b_on_a100_batch_1():
+    # Llama-2-7B: 32 layers, d 4096, FFN 11008, 32 heads of 128, vocabulary 32000, untied.
+    layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    params = 32 * layer + 4096 + 2 * 32000 * 4096
+    assert params == 6_738_415_616                       # the published count
+    read = (params - 32000 * 4096) * 2                   # all but the input embedding, 2 B each
+    kv = 2 * 32 * 32 * 128 * 2                           # K and V, layers, KV heads, dim, 2 B
+    bandwidth, peak, price = 2039e9, 312e12, 4.00        # A100 80GB SXM; $4/h, given
+    step = (read + 1 * 150 * kv) / bandwidth              # batch 1, 100 + 100/2 tokens of context
+    assert 2 * read / 2 / peak < step                    # memory-bound: the FLOPs would take less
+    out = price / 3600 * step / 1 * 1e6
+    prefill_flops = 100 * 2 * (read / 2) + 4 * 32 * 32 * 128 * 100 * 101 / 2
+    prefill = max(prefill_flops / peak, (read + 100 * kv) / bandwidth)
+    inp = price / 3600 * prefill / 100 * 1e6
+    floor = tc.CostCase("llama-2-7b", "A100 80GB SXM", prompt=100, output=100).floor(1, price)
+    assert floor.usd_per_m_output == pytest.approx(out, rel=1e-9)
+    assert floor.usd_per_m_input == pytest.approx(inp, rel=1e-9)
+    assert floor.usd_per_m_output == pytest.approx(7.24, abs=0.01)   # about $7 per million
+
+
+def test_floor_matches_a_hand_computation_llama3_8b_on_h100_batch_64():
+    # Llama-3-8B: 32 layers, d 4096, FFN 14336, 32 query and 8 KV heads of 128, vocab 128256.
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    params = 32 * layer + 4096 + 2 * 128256 * 4096
+    assert params == 8_030_261_248
+    read = (params - 128256 * 4096) * 2
+    kv = 2 * 32 * 8 * 128 * 2
+    bandwidth, peak, price = 3350e9, 989e12, 6.88        # H100 SXM; the AWS row of prices.csv
+    context = 1000 + 250 / 2
+    step = max((64 * read + 4 * 32 * 32 * 128 * 64 * context) / peak,
+               (read + 64 * context * kv) / bandwidth)
+    out = price / 3600 * step / 64 * 1e6
+    prefill = max((1000 * read + 4 * 32 * 32 * 128 * 1000 * 1001 / 2) / peak,
+                  (read + 1000 * kv) / bandwidth)
+    inp = price / 3600 * prefill / 1000 * 1e6
+    floor = tc.CostCase().floor(64, price)
+    assert floor.usd_per_m_output == pytest.approx(out, rel=1e-9)
+    assert floor.usd_per_m_input == pytest.approx(inp, rel=1e-9)
+    assert tc.bandwidth_floor_usd_per_m(read, kv, bandwidth, 64, 1125, price) == \
+        pytest.approx(out, rel=1e-9)
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b"])
+def test_step_costs_in_bf16_are_the_simulators_roofline_costs(model):
+    config, spec = ModelConfig.from_name(model), get_device_spec("H100 SXM")
+    ours, theirs = tc.StepCosts.for_device(config, spec), RooflineCosts.for_device(config, spec)
+    for n in (1, 17, 500, 4096, 6000):
+        assert ours.prefill_s(n) == pytest.approx(theirs.prefill_s(n), rel=1e-12)
+    for batch, context in ((1, 1), (8, 4000), (256, 300_000)):
+        assert ours.decode_s(batch, context) == pytest.approx(theirs.decode_s(batch, context),
+                                                              rel=1e-12)
+
+
+def test_precision_moves_bytes_and_groups_hold_the_model():
+    config = ModelConfig.from_name("llama-3-70b")
+    bf16 = tc.weight_bytes(config, "bf16")
+    assert tc.weight_bytes(config, "int8 weights") == pytest.approx(bf16 / 2)
+    assert tc.weight_bytes(config, "int4 weights") == pytest.approx(bf16 / 4)
+    assert tc.kv_bytes_per_token(config, "fp8 weights and KV") == 320 * 2**10 / 2
+    assert tc.group_size(config, "H100 SXM") == 4       # 141 GB: 2 x 80 GB leaves too little
+    assert tc.group_size(config, "B200") == 2
+    assert tc.group_size(config, "H100 SXM", "int4 weights") == 1
+    group = tc.device_group("H100 SXM", 4)
+    assert group.bandwidth == 4 * 3350e9 and group.memory == 4 * 80e9
+    with pytest.raises(ValueError, match="unknown precision"):
+        tc.precision("int3")
+
+
+def test_the_hour_is_split_between_input_and_output_without_loss():
+    case = tc.CostCase(prompt=400, output=100)
+    w = measure(Workload.fixed(400, 100).requests(600, 10.0), case.costs(), case.serving(),
+                case.slo)
+    usd_in, usd_out = tc.window_costs(w, 3.6)
+    busy = (w.prefill_s + w.decode_s) / w.duration_s
+    spent = (usd_in * w.achieved_in_tok_s + usd_out * w.achieved_out_tok_s) / 1e6  # $ per s
+    assert spent == pytest.approx(3.6 / 3600, rel=1e-9)
+    assert 0 < busy <= 1 and usd_out > usd_in
+
+
+def test_break_even_makes_the_costs_equal():
+    slow = tc.break_even_price(6.88, 5000.0, 2000.0)
+    assert tc.usd_per_million(slow, 2000.0) == pytest.approx(tc.usd_per_million(6.88, 5000.0))
+    assert tc.usd_per_million(3600.0, 1e6) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        tc.usd_per_million(1.0, 0.0)
+
+
+# --- The stored simulations of Chapter 8 -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stored():
+    return tc.stored()
+
+
+def test_every_chapter_case_is_stored_and_computed_from_todays_tables(stored):
+    for case in tc.chapter_cases():
+        key = tc.case_key(case)
+        assert key in stored, f"{case} is not stored: run python -m inferlab.analysis.token_cost --write"
+        assert json.loads(json.dumps(tc.inputs(case))) == stored[key][2], \
+            f"{case}: the tables changed; run python -m inferlab.analysis.token_cost --write"
+
+
+def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
+    case, capacity, _ = stored[tc.case_key(tc.CostCase())]
+    first = capacity.probes[0].history[0]
+    again = measure(Workload.fixed(case.prompt, case.output).requests(first.n_requests,
+                                                                      capacity.probes[0].rate),
+                    case.costs(), case.serving(), case.slo)
+    assert again == first, "run python -m inferlab.analysis.token_cost --write"
+
+
+def test_the_stored_costs_make_physical_sense(stored):
+    price = 6.88
+    for case in tc.chapter_cases():
+        _, capacity, _ = stored[tc.case_key(case)]
+        sim = case.priced(capacity, price)
+        assert sim.ok, case
+        assert sim.usd_per_m_output > sim.usd_per_m_input, case   # output dearer than input
+        # no cheaper than the roofline at the largest batch the memory and max_batch allow
+        assert sim.usd_per_m_output >= 0.99 * case.floor(case.max_batch, price).usd_per_m_output \
+            or sim.batch <= case.max_batch
+        assert sim.window.slo_attainment >= case.target
+    bounds = [tc.CostCase(device="H100 SXM", tpot_s=t) for t in tc.TPOT_BOUNDS]
+    out = [c.priced(stored[tc.case_key(c)][1], price).usd_per_m_output for c in bounds]
+    assert out[0] >= out[-1]   # a tighter TPOT bound costs at least as much per token
+
+
+def test_cost_table_and_calculator(stored, capsys):
+    text = tc.cost_table()
+    for name in tc.TABLE_MODELS + tc.TABLE_DEVICES:
+        assert name in text
+    calc = calculate(tc.CostCase())
+    assert calc.stored and "simulated within the SLO" in str(calc)
+    assert calc.at_batch_1.usd_per_m_output > calc.simulated.usd_per_m_output
+    assert math.isclose(calc.at_simulated_batch.usd_per_m_output,
+                        calc.simulated.usd_per_m_output, rel_tol=0.05)
+    ax = plot_calculation(calc)
+    assert figure_problems(ax.figure) == []
+    unstored = calculate(tc.CostCase(prompt=123))
+    assert unstored.simulated is None and "not stored" in str(unstored)
