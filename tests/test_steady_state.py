@@ -140,3 +140,20 @@ def test_the_stored_sweep_shows_both_policies_saturating(stored):
     continuous = max(st.window.achieved_out_tok_s for st in stored.states["continuous"])
     assert continuous > 2 * static
     assert stored.capacities["continuous"].rate > stored.capacities["static"].rate
+
+
+def test_the_steady_state_figure_has_no_problems():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from inferlab.analysis.figures import figure_problems
+    from inferlab.sim.plots import plot_steady_state
+
+    states = {"continuous": ss.sweep(WORK, [0.25 * CAPACITY, 0.5 * CAPACITY, 2 * CAPACITY],
+                                     Fixed(), CONFIG, n0=400, n_max=3200)}
+    axes = plot_steady_state(states, title="t")
+    assert figure_problems(axes[0].figure) == []
+    labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    assert any("saturates at" in label for label in labels)
+    plt.close("all")

@@ -6,6 +6,10 @@
   of an engine run or a simulation.
 - ``plot_latency_throughput``: for each policy, a latency percentile against the throughput
   reached at each offered load: the curve an operator reads a service's capacity from.
+- ``plot_steady_state``: the same from steady states (``inferlab.sim.steady_state``): achieved
+  against offered throughput, where each policy saturates, and the latency of the loads it
+  sustains; an overloaded point is drawn hollow, at its longest trace, because its latency
+  grows with the trace.
 """
 
 from __future__ import annotations
@@ -109,3 +113,66 @@ def plot_latency_throughput(curves: dict[str, list[tuple[float, float]]], ax=Non
     if title:
         ax.set_title(title)
     return ax
+
+
+def _style(policy):
+    return {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}.get(policy,
+                                                                          ("tab:grey", "^"))
+
+
+def plot_steady_state(states: dict, axes=None, metric: str = "p99", title: str = ""):
+    """Two panels from ``states[policy]`` = [SteadyState, ...] by offered rate; returns the axes.
+
+    Left: achieved against offered output tokens/s, the diagonal where the server keeps up, and
+    each policy's saturation throughput (the mean of its overloaded points) as a dashed line.
+    Right: the ``metric`` percentile of end-to-end latency against the offered rate; filled
+    markers are steady states, hollow ones overloaded (the value at the longest trace, which a
+    longer trace would raise) or not settled within the longest trace.
+    """
+    from matplotlib.lines import Line2D
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    left, right = axes
+    top = max(st.window.offered_out_tok_s for ss in states.values() for st in ss)
+    left.plot([0, top * 1.05], [0, top * 1.05], color="grey", lw=1, ls=":")
+    handles = [Line2D([], [], color="grey", lw=1, ls=":", label="achieved = offered")]
+    for policy, ss in states.items():
+        color, marker = _style(policy)
+        ok = [st for st in ss if st.stable]
+        bad = [st for st in ss if not st.stable]
+        for group, face in ((ok, color), (bad, "none")):
+            if group:
+                left.plot([st.window.offered_out_tok_s for st in group],
+                          [st.window.achieved_out_tok_s for st in group], marker, ms=7,
+                          color=color, markerfacecolor=face, ls="none")
+                right.plot([st.rate for st in group],
+                           [getattr(st.window.latency, metric) for st in group], marker, ms=7,
+                           color=color, markerfacecolor=face, ls="none")
+        left.plot([st.window.offered_out_tok_s for st in ss],
+                  [st.window.achieved_out_tok_s for st in ss], color=color, lw=1)
+        right.plot([st.rate for st in ok], [getattr(st.window.latency, metric) for st in ok],
+                   color=color, lw=1)
+        handles.append(Line2D([], [], color=color, marker=marker, ms=7, lw=1,
+                              label=f"{policy}: steady state"))
+        if bad:
+            handles.append(Line2D([], [], color=color, marker=marker, ms=7, lw=0,
+                                  markerfacecolor="none",
+                                  label=f"{policy}: overloaded or not settled"))
+        over = [st.window.achieved_out_tok_s for st in bad if st.status == "overloaded"]
+        if over:
+            cap = sum(over) / len(over)
+            left.axhline(cap, color=color, ls="--", lw=1)
+            handles.append(Line2D([], [], color=color, ls="--", lw=1,
+                                  label=f"{policy}: saturates at {cap:,.0f} tok/s"))
+    left.set(xlabel="offered load (output tokens/s)", ylabel="achieved (output tokens/s)",
+             xlim=(0, top * 1.05), ylim=(0, top * 1.05))
+    right.set(xlabel="offered load (requests/s)",
+              ylabel=f"{metric} end-to-end latency (s)", yscale="log")
+    plain_log_ticks(right, "y")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    if title:
+        left.figure.suptitle(title, fontsize="medium")
+    legend_outside(right, handles=handles)
+    return axes

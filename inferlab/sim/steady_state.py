@@ -58,9 +58,12 @@ class Workload:
                              "lengths")
 
     @classmethod
-    def sharegpt(cls, scale: float = 1.0) -> "Workload":
-        """The ShareGPT-like trace of ``inferlab.sim.traces`` (lengths times ``scale``)."""
-        rows = scale_lengths(sharegpt_like(), scale) if scale != 1.0 else sharegpt_like()
+    def sharegpt(cls, scale: float = 1.0, max_len: int | None = None) -> "Workload":
+        """The ShareGPT-like trace of ``inferlab.sim.traces``, lengths times ``scale`` (outputs
+        cut so that a request fits ``max_len`` tokens, as ``scale_lengths`` does)."""
+        rows = sharegpt_like()
+        if scale != 1.0 or max_len is not None:
+            rows = scale_lengths(rows, scale, max_len=max_len)
         name = "sharegpt_like" + ("" if scale == 1.0 else f" x{scale:g}")
         return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
 
