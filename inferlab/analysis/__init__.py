@@ -8,5 +8,10 @@ against swap), ``attention_io`` (prefill attention's memory traffic, with and wi
 ``decode_timing`` (one generation step timed: cached decode against recompute), ``capacity``
 (how many requests or KV blocks fit on a device), ``published`` (the numbers quoted from
 papers, with their sources), ``figures`` (the plotting habits and the check that keeps them),
-``widgets`` and ``explore`` (the interactive calculators).
+``widgets`` and ``explore`` (the interactive calculators); and what a token costs:
+``prices`` (dated, sourced prices of devices and APIs), ``token_cost`` (dollars per million
+tokens from the roofline floor and from the steady-state simulator within an SLO),
+``cost_calculator`` (the calculator and its widget), ``agent_cost`` (an agent's task, with
+prefix caching), ``chips`` (HBM, TPU and SRAM-first chips: chips to hold a model, speed per
+user against throughput per chip).
 """

@@ -140,8 +140,11 @@ def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
     return formulas.kv_bytes_per_token(config, "bfloat16") / 2 * precision(prec).bytes_per_kv
 
 
+KV_SHARE = 0.4  # the least share of a device group's memory left for the KV cache
+
+
 def group_size(config: ModelConfig, device: str | DeviceSpec, prec="bf16",
-               kv_share: float = 0.4) -> int:
+               kv_share: float = KV_SHARE) -> int:
     """The fewest devices (a power of two, as tensor parallelism wants) whose memory leaves at
     least ``kv_share`` of it for the KV cache beside the weights."""
     spec = get_device_spec(device) if isinstance(device, str) else device

@@ -4,5 +4,8 @@ Read in this order: ``traces`` (ShareGPT- and Alpaca-like request lengths, Poiss
 the engine's requests made from them), ``memory_sim`` (the engine's scheduler and loop under
 four reservation schemes, recording where KV memory goes), ``simulator`` (the same loop on a
 virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``serve`` does),
-``plots`` (timelines and latency-throughput curves).
+``steady_state`` (a Poisson stream served until what is measured stops changing: offered
+against achieved load, overload, the highest rate within an SLO), ``sweeps`` (Chapter 4's
+steady-state sweep, stored in ``data/simulations/``), ``plots`` (timelines, latency-throughput
+curves and steady states).
 """
