@@ -158,6 +158,11 @@ class Server:
         self.stamps.setdefault(seq.seq_id, [])
 
     @property
+    def pending(self) -> list[Sequence]:
+        """Sequences submitted for a later time that have not reached the waiting queue yet."""
+        return [seq for _, _, seq in self._pending]
+
+    @property
     def done(self) -> bool:
         """Nothing waiting to arrive and nothing unfinished."""
         return not self._pending and not self.scheduler.has_unfinished

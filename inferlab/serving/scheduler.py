@@ -86,11 +86,14 @@ class Step:
 
     def new_tokens(self, seq: Sequence) -> int:
         """Tokens of ``seq`` this step runs through the model: its chunk, or all uncomputed."""
-        return self.chunks.get(seq, seq.num_uncomputed)
+        if self.chunks and seq in self.chunks:
+            return self.chunks[seq]
+        return seq.num_uncomputed
 
     def samples(self, seq: Sequence) -> bool:
         """Whether this step computes ``seq``'s last uncomputed token, so samples its next one."""
-        return self.new_tokens(seq) == seq.num_uncomputed
+        return not (self.chunks and seq in self.chunks) or \
+            self.chunks[seq] == seq.num_uncomputed
 
     @property
     def num_tokens(self) -> int:
@@ -248,12 +251,12 @@ class Scheduler:
         scheduled = step.scheduled
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
-        done = []
+        done, chunks = [], step.chunks
         for seq, token in zip(scheduled, tokens):
-            sampled = step.samples(seq)
-            seq.num_computed += step.new_tokens(seq)
-            if not sampled:
+            if chunks and seq in chunks and chunks[seq] < seq.num_uncomputed:
+                seq.num_computed += chunks[seq]  # part of its prompt is left: no token yet
                 continue
+            seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
             if seq.is_done:
                 done.append(seq)
@@ -271,27 +274,31 @@ class Scheduler:
             raise SchedulingError(f"the step runs {step.num_tokens} tokens but the token budget "
                                   f"is {self.token_budget}: decodes take one each, and prefill "
                                   "chunks only what is left")
+        chunks = step.chunks
         for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes)):
             for seq in seqs:
-                if id(seq) in seen:
+                key = id(seq)
+                if key in seen:
                     raise SchedulingError(f"{seq!r} is scheduled twice in one step")
-                seen.add(id(seq))
+                seen.add(key)
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
-                if seq.table.num_tokens != len(seq.prompt) + len(seq.output):
+                n = len(seq.prompt) + len(seq.output)
+                if seq.table.num_tokens != n:
                     raise SchedulingError(
                         f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
-                        f"tokens but the step needs room for {seq.num_tokens} (prefill: admit "
+                        f"tokens but the step needs room for {n} (prefill: admit "
                         "gives room for every token; decode: call append_slot once)")
                 if seq.is_done:
                     raise SchedulingError(f"{kind} of {seq!r}, which is already done")
-                new = step.new_tokens(seq)
-                if not 0 < new <= seq.num_uncomputed:
+                left = n - seq.num_computed
+                new = chunks[seq] if chunks and seq in chunks else left
+                if not 0 < new <= left:
                     raise SchedulingError(f"{kind} of {seq!r} runs {new} tokens; it has "
-                                          f"{seq.num_uncomputed} still to compute (a chunk "
+                                          f"{left} still to compute (a chunk "
                                           "runs at least one and at most all of them)")
-                if chunked and kind == "decode" and seq.num_uncomputed != 1:
+                if chunked and kind == "decode" and left != 1:
                     raise SchedulingError(f"decode of {seq!r}, whose prompt is not computed "
                                           "yet: it needs prefill chunks first")
         if len(seen) + self._num_held < len(self.running) or self._num_held:
