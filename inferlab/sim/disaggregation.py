@@ -278,3 +278,35 @@ def simulate_cluster(requests: list[Request], cluster: Cluster,
     """Serve ``requests`` on the simulated ``cluster`` (optionally with a decode instance's
     ``failure``); every request completes, with the tokens and stamps a user would have seen."""
     return _Sim(list(requests), cluster, failure).run()
+
+
+def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int = 128,
+            token_budget: int = 512, prefill_budget: int = 8192, decode_budget: int = 256,
+            dtype: str = "bfloat16", efficiency: float = 1.0) -> dict[str, Cluster]:
+    """The designs Chapter 7 compares on ``gpus`` GPUs of ``spec`` (a ``DeviceSpec``) serving
+    ``model_config``, at the roofline (``RooflineCosts``) derated by ``efficiency``:
+    "colocated" (Chapter 4's engine), "chunked" (a token budget of ``token_budget``) and every
+    split "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
+
+    Every instance holds the KV blocks that fit beside the weights
+    (``inferlab.analysis.capacity.kv_blocks_for_device``) and batches up to ``max_batch``
+    sequences; prefill instances batch prompts up to ``prefill_budget`` tokens a step.
+    """
+    from inferlab.analysis import formulas
+    from inferlab.analysis.capacity import kv_blocks_for_device
+    from inferlab.sim.simulator import RooflineCosts
+
+    costs = RooflineCosts.for_device(model_config, spec, dtype, efficiency=efficiency)
+    base = ServingConfig(num_blocks=kv_blocks_for_device(model_config, spec, dtype=dtype),
+                         max_batch=max_batch)
+    out = {"colocated": Cluster(costs, colocated=gpus, colocated_config=base),
+           "chunked": Cluster(costs, colocated=gpus, colocated_config=base.replace(
+               policy="chunked", token_budget=token_budget))}
+    for p in range(1, gpus):
+        out[f"{p}P{gpus - p}D"] = Cluster(
+            costs, prefill=p, decode=gpus - p,
+            prefill_config=base.replace(policy="chunked", token_budget=prefill_budget),
+            decode_config=base.replace(policy="chunked", token_budget=decode_budget),
+            kv_bytes_per_token=formulas.kv_bytes_per_token(model_config, dtype),
+            link_bandwidth=link_bandwidth)
+    return out

@@ -103,3 +103,10 @@ def goodput_rate(make_requests: Callable[[float], list[Request]],
         else:
             rate = (lo + hi) / 2
     return Goodput(name, gpus, *best)
+
+
+def attainment_curve(timings: list[RequestTiming], ttft_s: float,
+                     tpot_bounds: list[float]) -> list[float]:
+    """For each TPOT bound, the share of ``timings`` that meet it and the TTFT bound ``ttft_s``
+    (``SLO.met_by``; a one-token answer has no TPOT to miss). One run gives the whole curve."""
+    return [sum(SLO(ttft_s, b).met_by(t) for t in timings) / len(timings) for b in tpot_bounds]

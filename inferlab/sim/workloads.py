@@ -7,6 +7,8 @@
   (``inferlab.serving.metrics.largest_gap``) with and without chunked prefill.
 - ``chat_like``: the ShareGPT-like lengths of ``inferlab.sim.traces`` (the published means of
   Kwon et al. 2023): prompts of a few hundred tokens, longer answers.
+- ``short_prompts``: the Alpaca-like lengths of ``inferlab.sim.traces``: short instructions,
+  short answers.
 - ``long_document``: long prompts and short answers, as when a model summarises or answers
   questions about a document. No published trace is used: the lengths come from the same
   clipped log-normal family as the chat trace, with means and spreads that are OUR choice
@@ -83,12 +85,18 @@ def poisson_requests(rows: list[traces.TraceRow], rate: float, seed: int = 0,
                                  vocab_size, seed=token_seed)
 
 
-KINDS = {"chat": chat_like, "document": long_document}
+def short_prompts(n: int, seed: int = 0, scale: float = 1.0) -> list[traces.TraceRow]:
+    """``n`` Alpaca-like rows (short instructions and answers; Kwon et al. 2023's means)."""
+    rows = traces.make_trace("alpaca_like", n, seed=traces.WORKLOADS["alpaca_like"]["seed"] + seed)
+    return rows if scale == 1.0 else traces.scale_lengths(rows, scale)
+
+
+KINDS = {"chat": chat_like, "document": long_document, "short": short_prompts}
 
 
 def stream(kind: str, rate: float, duration_s: float, seed: int = 0,
            scale: float = 1.0) -> list[Request]:
-    """A ``kind`` ("chat" or "document") stream arriving at ``rate`` per second for about
+    """A ``kind`` ("chat", "document" or "short") stream arriving at ``rate`` per second for about
     ``duration_s`` seconds: ceil(rate x duration) requests, Poisson arrivals."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of {sorted(KINDS)}")
