@@ -21,7 +21,7 @@ def _chapters(root):
     return [p for p in catalog.toc_parts(root).get("Chapters", [])]
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(9))
 def test_every_figure_of_the_chapter_is_readable(root, index, monkeypatch):
     pages = _chapters(root)
     if index >= len(pages):

@@ -37,14 +37,15 @@ MODEL, DEVICE, GPUS, LINK = "llama-2-13b", "A100 80GB SXM", 4, "NVLink A100"
 SLOS = {"chat": SLO(ttft_s=0.25, tpot_s=0.025), "document": SLO(ttft_s=1.0, tpot_s=0.025),
         "short": SLO(ttft_s=0.25, tpot_s=0.025)}
 TOKEN_BUDGET = 256
-DURATIONS = (30.0, 60.0, 120.0)
+DURATIONS = (30.0, 60.0, 120.0, 240.0)
 START = {"chat": 24.0, "document": 4.0, "short": 100.0}  # first rates tried (req/s, 4 GPUs)
 
 
-def setup(link: str = LINK, gpus: int = GPUS):
+def setup(link: str = LINK, gpus: int | None = None):
     config = ModelConfig.from_name(MODEL)
     spec = get_device_spec(DEVICE)
-    return designs(config, spec, gpus, link_bandwidths()[link], token_budget=TOKEN_BUDGET)
+    return designs(config, spec, gpus or GPUS, link_bandwidths()[link],
+                   token_budget=TOKEN_BUDGET)
 
 
 def _goodput(kind: str, cluster, name: str, duration: float, start: float, step: float = 2.0):

@@ -39,19 +39,9 @@ from inferlab.model.llama import build_model
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import pool_blocks, serve
 from inferlab.sim.simulator import FittedCosts, simulate
-from inferlab.sim.workloads import mixed_requests
+from inferlab.sim.workloads import MIXED_TRACES, mixed_requests
 
-# The mixed trace at each profile's sizes: (chat requests, chat prompt, chat output, long
-# prompts, long prompt, long output, seconds between long prompts), the model, max batch and
-# the budgets swept.
-SIZES = {
-    "cpu": dict(model="tiny", trace=(8, 32, 128, 3, 1024, 8, 0.25), max_batch=16,
-                budgets=(32, 64, 128, 256)),
-    "small-gpu": dict(model="small", trace=(32, 128, 256, 4, 3072, 8, 0.25), max_batch=64,
-                      budgets=(128, 256, 512, 1024)),
-    "large-gpu": dict(model="small", trace=(64, 128, 512, 4, 4000, 8, 0.1), max_batch=128,
-                      budgets=(256, 512, 1024, 2048)),
-}
+SIZES = MIXED_TRACES  # each device profile's mixed trace, model, batch and budgets
 STALL_BAR, THROUGHPUT_BAR, SIMULATOR_BAR = 3.0, 0.10, 0.15
 
 

@@ -4,5 +4,8 @@ Read in this order: ``traces`` (ShareGPT- and Alpaca-like request lengths, Poiss
 the engine's requests made from them), ``memory_sim`` (the engine's scheduler and loop under
 four reservation schemes, recording where KV memory goes), ``simulator`` (the same loop on a
 virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``serve`` does),
-``plots`` (timelines and latency-throughput curves).
+``plots`` (timelines and latency-throughput curves), ``workloads`` (Chapter 7's mixed trace, and
+chat-like, long-document and short-prompt streams), ``disaggregation`` (a cluster of prefill,
+decode or colocated instances on one timeline, its router, KV transfers and failures),
+``goodput`` (the highest rate within an SLO, in a steady state).
 """

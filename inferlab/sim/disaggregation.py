@@ -161,6 +161,7 @@ class _Sim:
         self.turn = 0
         self.out = ClusterRun(Run([]), c)
         self.revive_at: float | None = None
+        self.parked: list[tuple] = []  # transfers waiting for a decode instance to come back
         if failure is not None and not 0 <= failure.instance < len(self.back):
             raise ValueError(f"no decode instance {failure.instance} in {c.name}")
         if failure is not None and failure.down_s == math.inf and len(self.back) < 2:
@@ -181,7 +182,11 @@ class _Sim:
 
     def transfer(self, src: _Node, i: int, tokens: int, ready_s: float, output: list[int],
                  computed: int) -> None:
-        """Send ``tokens`` tokens of request i's cache from ``src`` to a decode instance."""
+        """Send ``tokens`` tokens of request i's cache from ``src`` to a decode instance (once
+        one is up: while the only one is down, the cache waits on the prefill side)."""
+        if not any(n.alive for n in self.back):
+            self.parked.append((src, i, tokens, ready_s, output, computed))
+            return
         c, r = self.cluster, self.requests[i]
         nbytes = c.kv_bytes_per_token * tokens
         start = max(ready_s, src.link_free_s)
@@ -222,10 +227,13 @@ class _Sim:
         self.revive_at = t + f.down_s
 
     def revive(self) -> None:
-        f = self.failure
+        f, t = self.failure, self.revive_at
         self.back[f.instance] = _Node("decode", f.instance, self.cluster.decode_config,
-                                      self.cluster.costs, self.revive_at)
+                                      self.cluster.costs, t)
         self.revive_at = None
+        parked, self.parked = self.parked, []
+        for src, i, tokens, ready_s, output, computed in parked:
+            self.transfer(src, i, tokens, max(ready_s, t), output, computed)
 
     def run(self) -> ClusterRun:
         order = sorted(range(len(self.requests)), key=lambda i: (self.requests[i].arrival_s, i))

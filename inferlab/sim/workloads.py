@@ -29,6 +29,18 @@ import torch
 from inferlab.serving.request import Request
 from inferlab.sim import traces
 
+# The mixed trace at each device profile's sizes: the model, (chat requests, chat prompt, chat
+# output, long prompts, long prompt, long output, seconds between long prompts), the largest
+# batch and the token budgets to compare.
+MIXED_TRACES = {
+    "cpu": dict(model="tiny", trace=(8, 32, 128, 3, 1024, 8, 0.25), max_batch=16,
+                budgets=(32, 64, 128, 256)),
+    "small-gpu": dict(model="small", trace=(32, 128, 256, 4, 3072, 8, 0.25), max_batch=64,
+                      budgets=(128, 256, 512, 1024)),
+    "large-gpu": dict(model="small", trace=(64, 128, 512, 4, 4000, 8, 0.1), max_batch=128,
+                      budgets=(256, 512, 1024, 2048)),
+}
+
 # Our assumption for the long-document stream: means and log-spreads of prompt and output.
 LONG_DOCUMENT = dict(mean_in=3000.0, mean_out=150.0, sigma_in=0.5, sigma_out=0.6, seed=2025)
 
