@@ -5,7 +5,8 @@ Read in this order: ``formulas`` (bytes, FLOPs, intensity and floors the book qu
 and its plot), ``request_time`` (a request's prefill and decode at the roofline, and recompute
 against swap), ``attention_io`` (prefill attention's memory traffic, with and without tiling),
 ``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models),
-``decode_timing`` (one generation step timed: cached decode against recompute), ``capacity``
+``decode_timing`` (one generation step timed: cached decode against recompute),
+``interference`` (how prefills stall decodes, by chunk size, measured), ``capacity``
 (how many requests or KV blocks fit on a device), ``published`` (the numbers quoted from
 papers, with their sources), ``figures`` (the plotting habits and the check that keeps them),
 ``widgets`` and ``explore`` (the interactive calculators); and what a token costs:

@@ -154,11 +154,14 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache=None, last_only: bool = False) -> torch.Tensor:
+                cache=None, last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) for ``tokens`` (B, T) at ``positions`` ((T,) or (B, T); default 0..T-1).
 
         With ``last_only``, the logits of the last position only, (B, 1, V): all that sampling
         the next token needs, so a prefill skips the vocabulary projection of every other token.
+        With ``logits_at`` (indices along T), the logits of those positions only, (B, n, V): in a
+        packed batch, each sequence's last token.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
@@ -181,6 +184,8 @@ class Llama(nn.Module):
             x = layer(x, positions, cache, rope)
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = x[:, logits_at]
         return self.lm_head(self.model.norm(x))  # (B, T, V)
 
     @property

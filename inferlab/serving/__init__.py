@@ -6,8 +6,9 @@ Read in this order: ``config`` (``ServingConfig``, the one object of sizes every
 ``reservation`` (the contiguous reservations paging replaced, with the same interface),
 ``scheduler`` (who prefills, decodes or is preempted each step), ``paged_cache`` (the K/V pool
 and each forward's attention metadata), ``paged_attention`` (attention read in place on any
-device; ``paged_triton``, the fused GPU kernel), ``runner`` (one step on the model), ``loop``
-(the loop every run goes through, and the ``Run`` it returns), ``engine`` (``serve``, the front
-door), ``metrics`` (TTFT, TPOT, percentiles, goodput), ``prefix_cache`` (sharing the blocks of a
-common prompt start).
+device; ``paged_triton``, the fused GPU kernel), ``ragged`` (decodes and prefill chunks packed
+into one forward pass, for chunked prefill), ``runner`` (one step on the model), ``loop``
+(the loop every run goes through, one ``Server`` a step at a time, and the ``Run`` it
+returns), ``engine`` (``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput,
+the largest gap between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start).
 """

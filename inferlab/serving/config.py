@@ -7,6 +7,14 @@ engine here does the same with ``ServingConfig``. The KV pool (``num_blocks`` bl
 ``policy`` are fields of one frozen dataclass that checks itself when it is made. The cache and
 the scheduler both read the block size from it, so they cannot disagree about it.
 
+``token_budget`` switches the engine to chunked prefill (Sarathi-Serve, Agrawal et al. 2024;
+vLLM calls the budget ``max_num_batched_tokens``): every step is then ONE forward pass of at
+most that many tokens, filled first by the running decodes (one token each) and then by prefill
+chunks, oldest request first, so that a prompt may span several steps. It goes with
+``policy="chunked"`` (``inferlab.serving.scheduler.chunked_policy``) or a policy function of
+one's own. Without it, a step prefills each admitted prompt whole, in a forward pass of its
+own, before the decode batch (the engine of Chapter 4).
+
 ``num_blocks`` may be left ``None`` when a config is handed to ``inferlab.serving.engine.serve``,
 which then sizes the pool from the requests it accepts (and never beyond the device's memory).
 """
@@ -32,6 +40,7 @@ class ServingConfig:
     max_prefill_tokens: int | None = None  # prompt tokens one step may prefill; None: no limit
     policy: str | Callable = "continuous"  # "continuous", "static", or policy(scheduler, now)
     watermark: float = 0.0                # share of the blocks an admission must leave free
+    token_budget: int | None = None       # chunked prefill: tokens one step's forward may run
 
     def __post_init__(self) -> None:
         positive_ints("ServingConfig.", block_size=self.block_size, max_batch=self.max_batch)
@@ -44,6 +53,25 @@ class ServingConfig:
                              f"policy(scheduler, now) -> Step, got {self.policy!r}")
         if isinstance(self.watermark, bool) or not 0 <= self.watermark < 1:
             raise ValueError(f"ServingConfig.watermark must lie in [0, 1), got {self.watermark!r}")
+        if self.token_budget is not None:
+            positive_ints("ServingConfig.", token_budget=self.token_budget)
+            if self.token_budget < self.max_batch:
+                raise ValueError(f"ServingConfig.token_budget={self.token_budget} is below "
+                                 f"max_batch={self.max_batch}: every running sequence's decode "
+                                 "token must fit in one step")
+            if self.policy in ("continuous", "static"):
+                raise ValueError(f"token_budget is chunked prefill's; policy={self.policy!r} "
+                                 "prefills whole prompts. Use policy='chunked'")
+            if self.max_prefill_tokens is not None:
+                raise ValueError("give token_budget (chunked prefill) or max_prefill_tokens "
+                                 "(whole prompts), not both")
+        elif self.policy == "chunked":
+            raise ValueError("policy='chunked' needs token_budget: the tokens one step may run")
+
+    @property
+    def chunked(self) -> bool:
+        """Whether each step is one forward pass of decodes and prefill chunks."""
+        return self.token_budget is not None
 
     @property
     def pool_tokens(self) -> int:

@@ -1,13 +1,21 @@
 """The serving loop: requests in as they arrive, a scheduler's steps run, tokens stamped, a Run out.
 
-``drive`` is the one loop every run goes through: the engine with the model
+``Server`` is the one loop every run goes through, a step at a time: the engine with the model
 (``inferlab.serving.engine``), the discrete-event simulator with modelled step times
-(``inferlab.sim.simulator``) and Chapter 3's memory experiment (``inferlab.sim.memory_sim``).
-Each step it lets in the requests whose arrival time has come, asks the scheduler for a
-``Step``, has a *runner* execute it (``prefill(seq) -> token``, ``decode(seqs) -> tokens``),
-stamps each new token with the clock, and hands the tokens back to the scheduler. When nothing
-can run it skips the clock to the next arrival instead of sleeping (the stamps are those a
-real-time server would have made, but an idle trace costs no waiting).
+(``inferlab.sim.simulator``), Chapter 3's memory experiment (``inferlab.sim.memory_sim``) and
+the simulated clusters of Chapter 7 (``inferlab.sim.disaggregation``, which steps several
+servers on one timeline). ``drive`` runs one server until every request is done.
+
+Each step the server lets in the requests whose time has come, asks the scheduler for a
+``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
+back to the scheduler. Without a token budget a step is Chapter 4's: each prefill is a forward
+pass of its own (``runner.prefill(seq) -> token``), then one decode pass over the batch
+(``runner.decode(seqs) -> tokens``). With one (chunked prefill), the whole step is ONE forward
+pass over a ragged batch of decode rows and prefill chunks (``runner.forward(decodes, chunks)
+-> tokens``, chunks as ``(seq, new tokens)``); a chunk that leaves part of its prompt for later
+produces no token. When nothing can run, the server skips its clock to the next arrival instead
+of sleeping (the stamps are those a real-time server would have made, but an idle trace costs
+no waiting).
 
 A static batch's finished members that the policy holds (``Scheduler.padding``) ride along in
 the decode batch: the runner computes their rows and the loop drops what they produce.
@@ -19,8 +27,9 @@ timings, or the error that refused it), the ``Iteration`` log, the preemptions a
 
 from __future__ import annotations
 
+import heapq
+import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,7 +58,11 @@ class Result:
 
 @dataclass(frozen=True)
 class Iteration:
-    """One step of the loop as it ran: its prefills, its decode batch and how long each took."""
+    """One step of the loop as it ran: its prefills, its decode batch and how long each took.
+
+    In a chunked step (a token budget) there is one forward pass: ``decode_s`` times it, and
+    ``chunks`` lists the prefill work it did besides the decodes.
+    """
 
     start_s: float
     prefills: tuple[tuple[int, int, float], ...]  # (seq_id, tokens, seconds), one forward each
@@ -59,6 +72,7 @@ class Iteration:
     decode_s: float
     preempted: tuple[int, ...]
     free_blocks: int                              # after the step's allocations
+    chunks: tuple[tuple[int, int, int], ...] = ()  # (seq_id, new tokens, tokens already cached)
 
     @property
     def decode_batch(self) -> int:
@@ -120,56 +134,127 @@ class VirtualClock:
         self.t += seconds
 
 
-def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,
-          on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
-    """Serve ``requests`` (key i becomes sequence i); return each one's token stamps.
+class Server:
+    """One engine's loop over a scheduler, a runner and a clock, a step at a time.
 
-    ``runner`` has ``prefill(seq) -> token`` and ``decode(seqs) -> tokens``; ``clock`` has
-    ``now()`` and ``skip_to(t)``. The sequences end in ``scheduler.finished``.
+    ``submit`` hands it a sequence that reaches it at a given time; ``step`` runs one iteration
+    (or skips the clock to the next arrival) and returns the sequences that finished; ``stamps``
+    holds every sequence's token times. ``ready_s`` says when it can next do something, which is
+    how a cluster of servers on one timeline decides whose step comes first.
     """
-    order = sorted(requests, key=lambda i: (requests[i].arrival_s, i))
-    pending = deque((i, requests[i]) for i in order)
-    stamps: dict[int, list[float]] = {i: [] for i in order}
-    while pending or scheduler.has_unfinished:
-        now = clock.now()
-        while pending and pending[0][1].arrival_s <= now:
-            i, r = pending.popleft()
-            scheduler.add(Sequence.of(i, r))
-        step: Step = scheduler.schedule(now)
+
+    def __init__(self, scheduler: Scheduler, runner, clock,
+                 on_iteration: Callable[[Iteration], None] | None = None):
+        self.scheduler, self.runner, self.clock = scheduler, runner, clock
+        self.on_iteration = on_iteration
+        self.chunked = scheduler.token_budget is not None
+        self.stamps: dict[int, list[float]] = {}
+        self._pending: list[tuple[float, int, Sequence]] = []  # a heap: (time, id, sequence)
+
+    def submit(self, seq: Sequence, at_s: float | None = None) -> None:
+        """``seq`` reaches this server at ``at_s`` (default: its arrival time); it joins the
+        waiting queue at the first step that begins at or after that time."""
+        heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
+        self.stamps.setdefault(seq.seq_id, [])
+
+    @property
+    def pending(self) -> list[Sequence]:
+        """Sequences submitted for a later time that have not reached the waiting queue yet."""
+        return [seq for _, _, seq in self._pending]
+
+    @property
+    def done(self) -> bool:
+        """Nothing waiting to arrive and nothing unfinished."""
+        return not self._pending and not self.scheduler.has_unfinished
+
+    def ready_s(self) -> float:
+        """When this server can next act: now if it has work, else its next arrival (or inf)."""
+        if self.scheduler.has_unfinished:
+            return self.clock.now()
+        return self._pending[0][0] if self._pending else math.inf
+
+    def step(self) -> list[Sequence]:
+        """Let in the arrivals, run one scheduled step; return the sequences that finished."""
+        now = self.clock.now()
+        while self._pending and self._pending[0][0] <= now:
+            self.scheduler.add(heapq.heappop(self._pending)[2])
+        step: Step = self.scheduler.schedule(now)
         if step.is_empty:
-            if not pending and not scheduler.has_unfinished:
-                break  # the policy retired the last sequences
-            wake = [t for t in (pending[0][1].arrival_s if pending else None, step.wake_at_s)
+            if self.done:
+                return []  # the policy retired the last sequences
+            wake = [t for t in (self._pending[0][0] if self._pending else None, step.wake_at_s)
                     if t is not None]
             if not wake:
-                raise RuntimeError(f"the scheduler is stuck: {len(scheduler.waiting)} waiting, "
-                                   "none admitted, nothing running and no arrival to wait for")
-            clock.skip_to(min(wake))
-            continue
+                raise RuntimeError(f"the scheduler is stuck: {len(self.scheduler.waiting)} "
+                                   "waiting, none admitted, nothing running and no arrival to "
+                                   "wait for")
+            self.clock.skip_to(min(wake))
+            return []
+        tokens = self._run_chunked(step, now) if self.chunked else self._run(step, now)
+        return self.scheduler.update(step, tokens)
+
+    def _run(self, step: Step, now: float) -> list[int]:
+        """Chapter 4's step: each prefill a forward pass of its own, then the decode batch."""
         tokens, prefills = [], []
         for seq in step.prefills:
-            t0 = clock.now()
-            tokens.append(runner.prefill(seq))
-            t1 = clock.now()
-            stamps[seq.seq_id].append(t1)
+            t0 = self.clock.now()
+            tokens.append(self.runner.prefill(seq))
+            t1 = self.clock.now()
+            self.stamps[seq.seq_id].append(t1)
             prefills.append((seq.seq_id, seq.num_tokens, t1 - t0))
-        padding = scheduler.padding
+        padding = self.scheduler.padding
         rows = step.decodes + padding
         decode_s, context = 0.0, sum(s.table.num_tokens for s in rows)
         if step.decodes:
-            t0 = clock.now()
-            tokens.extend(runner.decode(rows)[:len(step.decodes)])  # padding tokens are dropped
-            t1 = clock.now()
+            t0 = self.clock.now()
+            tokens.extend(self.runner.decode(rows)[:len(step.decodes)])  # padding dropped
+            t1 = self.clock.now()
             decode_s = t1 - t0
             for seq in step.decodes:
-                stamps[seq.seq_id].append(t1)
-        if on_iteration is not None:
-            on_iteration(Iteration(now, tuple(prefills), tuple(s.seq_id for s in step.decodes),
-                                   tuple(s.seq_id for s in padding), context, decode_s,
-                                   tuple(s.seq_id for s in step.preempted),
-                                   scheduler.memory.num_free))
-        scheduler.update(step, tokens)
-    return stamps
+                self.stamps[seq.seq_id].append(t1)
+        if self.on_iteration is not None:
+            self.on_iteration(Iteration(
+                now, tuple(prefills), tuple(s.seq_id for s in step.decodes),
+                tuple(s.seq_id for s in padding), context, decode_s,
+                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free))
+        return tokens
+
+    def _run_chunked(self, step: Step, now: float) -> list[int]:
+        """A chunked step: decode rows and prefill chunks in one forward pass."""
+        if self.scheduler.padding:
+            raise RuntimeError("a chunked step cannot carry padding rows (static batching)")
+        chunks = [(s, step.new_tokens(s)) for s in step.prefills]
+        context = sum(s.table.num_tokens for s in step.decodes)
+        cached = [s.num_computed for s, _ in chunks]
+        t0 = self.clock.now()
+        out = self.runner.forward(step.decodes, chunks)
+        t1 = self.clock.now()
+        for seq in step.scheduled:
+            if step.samples(seq):
+                self.stamps[seq.seq_id].append(t1)
+        if self.on_iteration is not None:
+            self.on_iteration(Iteration(
+                now, (), tuple(s.seq_id for s in step.decodes), (), context, t1 - t0,
+                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free,
+                tuple((s.seq_id, n, c) for (s, n), c in zip(chunks, cached))))
+        d = len(step.decodes)
+        return [*out[d:], *out[:d]]  # the order of step.scheduled: prefills, then decodes
+
+
+def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,
+          on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
+    """Serve ``requests`` (key i becomes sequence i) on one ``Server``; return the token stamps.
+
+    ``runner`` has ``prefill(seq) -> token`` and ``decode(seqs) -> tokens`` (and, for a token
+    budget, ``forward(decodes, chunks) -> tokens``); ``clock`` has ``now()`` and ``skip_to(t)``. The
+    sequences end in ``scheduler.finished``.
+    """
+    server = Server(scheduler, runner, clock, on_iteration)
+    for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
+        server.submit(Sequence.of(i, requests[i]))
+    while not server.done:
+        server.step()
+    return server.stamps
 
 
 def collect_results(requests: list[Request], refused: dict[int, str], scheduler: Scheduler,

@@ -10,6 +10,8 @@ request's arrival time:
   between tokens once streaming has started (undefined for a one-token answer). It is the
   decode speed a user reads at.
 - **Latency** (end to end) = last stamp - arrival.
+- **Largest gap** = the longest wait between two consecutive tokens of one request: a
+  *generation stall*, which a mean TPOT hides (Chapter 7: another request's prefill).
 - **Throughput** = output tokens of all requests / the time from the first arrival to the last
   token; **request rate** the same with requests.
 - **Goodput** = requests per second that met a service-level objective (SLO) on TTFT and TPOT,
@@ -52,6 +54,13 @@ def latency(arrival_s: float, token_times_s: Sequence[float]) -> float:
     if not token_times_s:
         raise ValueError("a request with no output tokens has no end-to-end latency")
     return token_times_s[-1] - arrival_s
+
+
+def largest_gap(token_times_s: Sequence[float]) -> float:
+    """The longest wait between two consecutive tokens (seconds); NaN for fewer than 2 tokens."""
+    if len(token_times_s) < 2:
+        return math.nan
+    return max(b - a for a, b in zip(token_times_s, token_times_s[1:]))
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -14,8 +14,9 @@ token's K/V go (block and offset), each row's context length and block table, an
 attention reads and the mask. They are built from Python lists and reach the
 device in ONE copy (``prepare``), so a step costs no host-device round trip per sequence, and
 ``attend`` (called by the model at every layer) only writes and reads. Row b's T new tokens are
-always the last T tokens of its table; rows may differ in context length (ragged decode), and
-``query_lens`` already describes rows of different lengths, for batched prefill later.
+always the last T tokens of its table; rows may differ in context length (ragged decode).
+Rows that differ in their number of new tokens (batched and chunked prefill) are packed into
+one row instead (``prepare_ragged``, ``inferlab.serving.ragged``).
 
 ``bind(tables, metadata)`` says which sequences the next forward runs (and runs the queued
 copy-on-write copies first). Given only the tables, ``bind`` prepares the metadata at the first
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inferlab.serving import ragged
 from inferlab.serving.block_manager import BlockManager, BlockTable
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
     paged_decode)
@@ -194,6 +196,12 @@ class PagedKVCache:
         return prepare(tables, tokens, self.block_size, self.n_kv_heads, self.k.shape[3],
                        self.k.device, self.use_triton, self.group)
 
+    def prepare_ragged(self, tables: list[BlockTable], tokens: list[list[int]],
+                       starts: list[int]):
+        """``ragged.prepare`` for this pool: rows of any length packed into one (1, N) row."""
+        return ragged.prepare(tables, tokens, starts, self.block_size, self.n_kv_heads,
+                              self.k.shape[3], self.k.device, self.use_triton, self.group)
+
     def bind(self, tables: list[BlockTable], metadata: AttentionMetadata | None = None) -> None:
         """Say which sequences the next forward runs: row b of the batch is ``tables[b]``.
 
@@ -231,10 +239,18 @@ class PagedKVCache:
             self.metadata, self._lazy = None, False
         B, H, T, D = q.shape
         K = self.k.shape[2]
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
+        if isinstance(meta, ragged.RaggedMetadata):  # rows of any length, packed: (1, N)
+            N = T
+            if B != 1 or k.shape != (1, K, N, D) or N != sum(meta.query_lens):
+                raise ValueError(f"a packed forward takes (1, {sum(meta.query_lens)}) tokens, "
+                                 f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+            k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k[0].transpose(0, 1)
+            v_pool[meta.slot_blocks, :, meta.slot_offsets] = v[0].transpose(0, 1)
+            return ragged.attend(meta, q, k, v, k_pool, v_pool, self._buffers)
         if B != meta.batch or k.shape != (B, K, T, D) or k.dtype != self.k.dtype:
             raise ValueError(f"k is {tuple(k.shape)} {k.dtype}; expected {(B, K, T, D)} "
                              f"{self.k.dtype} for the {meta.batch} bound rows")
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
         rows = B * T
         k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k.transpose(1, 2).reshape(rows, K, D)
         v_pool[meta.slot_blocks, :, meta.slot_offsets] = v.transpose(1, 2).reshape(rows, K, D)

@@ -121,6 +121,7 @@ class Sequence:
     num_preemptions: int = 0
     eos_token_ids: frozenset[int] = frozenset()
     held: bool = False  # kept in the batch once done (static batching's padding rows)
+    num_computed: int = 0  # leading tokens whose K/V the cache holds (0 after a preemption)
 
     @classmethod
     def of(cls, seq_id: int, request: Request) -> "Sequence":
@@ -141,6 +142,21 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens still to run through the model before the next one can be sampled: the whole
+        prompt (and output) at admission, a prompt's remaining chunks, or 1 when decoding."""
+        return self.num_tokens - self.num_computed
+
+    def token_slice(self, start: int, n: int) -> list[int]:
+        """Tokens ``start .. start + n - 1`` of prompt + output, without building the whole list."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.output[start - p:start - p + n]
+        if start + n <= p:
+            return list(self.prompt[start:start + n])
+        return [*self.prompt[start:], *self.output[:start + n - p]]
 
     @property
     def max_tokens(self) -> int:
@@ -164,5 +180,5 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt)}, "
-                f"output={len(self.output)}/{self.max_new_tokens}, "
+                f"output={len(self.output)}/{self.max_new_tokens}, computed={self.num_computed}, "
                 f"preempted={self.num_preemptions})")

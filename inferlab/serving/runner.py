@@ -9,6 +9,9 @@ once, reach the device in one copy, and are bound to the cache for every layer t
 - A prefill runs one sequence's tokens (its prompt, and after a preemption the tokens it already
   produced) in one forward (1, T).
 - A decode runs one new token for each sequence in one forward (n, 1), at each row's last slot.
+- A chunked step (``forward``) runs decode rows and prefill chunks (each sequence's next
+  uncomputed tokens) in one forward, packed into one row (1, N) (``inferlab.serving.ragged``);
+  it samples at each row's last token.
 
 The runner only reads the sequences; the scheduler changes them.
 """
@@ -44,6 +47,16 @@ class ModelRunner:
         self.cache.bind(tables, meta)
         return ids, positions
 
+    def prepare_forward(self, rows: list[tuple[Sequence, int]]):
+        """Input ids and positions (1, N) of a packed step: each row's next ``n`` uncomputed
+        tokens, one-token rows first as given; the metadata is bound to the cache."""
+        tables = [s.table for s, _ in rows]
+        starts = [s.num_computed for s, _ in rows]
+        tokens = [s.token_slice(s.num_computed, n) for s, n in rows]
+        ids, positions, meta = self.cache.prepare_ragged(tables, tokens, starts)
+        self.cache.bind(tables, meta)
+        return ids, positions, meta.last_index
+
     @torch.inference_mode()
     def prefill(self, seq: Sequence) -> int:
         ids, positions = self.prepare_prefill(seq)
@@ -54,4 +67,15 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> list[int]:
         ids, positions = self.prepare_decode(seqs)
         logits = self.model(ids, positions, self.cache)[:, -1]  # (n, V)
+        return logits.argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def forward(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[int]:
+        """One forward pass: a token for each of ``decodes``, and ``(seq, n)`` chunks, the next
+        ``n`` uncomputed tokens of each. Returns a token per row, decodes first, sampled at each
+        row's last token (the loop drops those of chunks that leave part of a prompt)."""
+        if not chunks:
+            return self.decode(decodes)  # decodes only: the (n, 1) path
+        ids, positions, last = self.prepare_forward([(s, 1) for s in decodes] + chunks)
+        logits = self.model(ids, positions, self.cache, logits_at=last)[0]  # (rows, V)
         return logits.argmax(-1).tolist()

@@ -20,11 +20,18 @@ Read in this order:
   (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``), each with the
   check a policy asks first (``can_admit``, ``can_append``). The model runner only reads
   sequences.
-- ``continuous_policy`` and ``static_policy``: the two decisions the chapter compares, written
+- ``continuous_policy`` and ``static_policy``: the two decisions Chapter 4 compares, written
   with those actions. A policy is a function ``policy(scheduler, now) -> Step``.
+- ``chunked_policy``: chunked prefill (Sarathi-Serve, Agrawal et al., OSDI 2024), Chapter 7's:
+  a token budget per step, spent on the running decodes first and then on prefill chunks, so
+  that a long prompt never stalls the decodes for longer than one bounded step.
 
-Token bookkeeping, the invariant the engine relies on: after each step that sampled a token for
-a sequence, its block table holds K/V for ``len(prompt) + len(output) - 1`` tokens; the newest
+Token bookkeeping, the invariant the engine relies on: a running sequence's block table has a
+slot for every one of its tokens (admission allocates the whole prompt, ``append_slot`` one
+slot before each decode), and ``seq.num_computed`` says how many of them hold K/V. A step runs
+``step.new_tokens(seq)`` of the uncomputed ones through the model (all of them, unless a chunk
+says fewer); the step that computes the last one samples the next token. So after each step that
+sampled a token the cache holds K/V for ``len(prompt) + len(output) - 1`` tokens, and the newest
 token's K/V is written by the next decode step, which feeds that token in. A sequence is done
 after ``max_new_tokens`` tokens or at an end-of-sequence token, whichever comes first.
 """
@@ -49,14 +56,18 @@ class SchedulingError(RuntimeError):
 class Step:
     """One iteration: prefill each of ``prefills`` (alone), then decode ``decodes`` as a batch.
 
-    ``wake_at_s`` lets a policy that chose to wait (dynamic batching's window) say when it wants
-    to be asked again.
+    With a token budget (chunked prefill) the step is one forward pass over both, and
+    ``chunks`` says how many tokens a prefill computes when that is fewer than all its
+    uncomputed tokens: a prompt may then span several steps and samples a token only in the
+    step that computes its last chunk. ``wake_at_s`` lets a policy that chose to wait (dynamic
+    batching's window) say when it wants to be asked again.
     """
 
     prefills: list[Sequence] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     wake_at_s: float | None = None
+    chunks: dict[Sequence, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -64,8 +75,30 @@ class Step:
 
     @property
     def scheduled(self) -> list[Sequence]:
-        """Every sequence that gets a new token this step, in the order the engine runs them."""
+        """Every sequence the step computes, in the order the engine runs them."""
         return [*self.prefills, *self.decodes]
+
+    def prefill(self, seq: Sequence, n: int | None = None) -> None:
+        """Prefill ``n`` of ``seq``'s uncomputed tokens this step (default: all of them)."""
+        self.prefills.append(seq)
+        if n is not None and n < seq.num_uncomputed:
+            self.chunks[seq] = n
+
+    def new_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` this step runs through the model: its chunk, or all uncomputed."""
+        if self.chunks and seq in self.chunks:
+            return self.chunks[seq]
+        return seq.num_uncomputed
+
+    def samples(self, seq: Sequence) -> bool:
+        """Whether this step computes ``seq``'s last uncomputed token, so samples its next one."""
+        return not (self.chunks and seq in self.chunks) or \
+            self.chunks[seq] == seq.num_uncomputed
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the step runs through the model (what a token budget bounds)."""
+        return sum(self.new_tokens(s) for s in self.prefills) + len(self.decodes)
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -89,8 +122,9 @@ class Scheduler:
 
     ``config.max_batch`` caps how many sequences run at once (vLLM's ``max_num_seqs``) and
     ``config.max_prefill_tokens`` how many prompt tokens one step may prefill (at least one
-    prefill always goes, however long). ``memory`` defaults to a ``BlockManager`` of
-    ``config.num_blocks`` blocks of ``config.block_size`` tokens.
+    prefill always goes, however long); ``config.token_budget`` how many tokens a chunked step
+    runs, decodes included. ``memory`` defaults to a ``BlockManager`` of ``config.num_blocks``
+    blocks of ``config.block_size`` tokens.
 
     A finished sequence leaves the batch in ``update``, unless its policy ``hold``s it: static
     batching keeps finished members as padding rows until its batch is over.
@@ -105,6 +139,7 @@ class Scheduler:
         self.memory = memory
         self.max_batch = config.max_batch
         self.max_prefill_tokens = config.max_prefill_tokens or math.inf
+        self.token_budget = config.token_budget  # None: whole prompts, a forward pass each
         self.policy = resolve_policy(config.policy)
         self.waiting: list[Sequence] = []   # sorted by arrival
         self.running: list[Sequence] = []   # sorted by arrival
@@ -125,6 +160,12 @@ class Scheduler:
     def can_append(self, seq: Sequence) -> bool:
         """Whether a running ``seq`` can get one more token slot (a new block if it needs one)."""
         return seq.table.can_append(1)
+
+    def is_prefilling(self, seq: Sequence) -> bool:
+        """Whether a running ``seq`` still has prompt tokens to compute (a chunked prompt):
+        admission gave it slots for all its tokens, and not all of them hold K/V yet. A running
+        sequence that is not prefilling is decoding: it needs a slot for its newest token."""
+        return seq.num_computed < seq.table.num_tokens
 
     @property
     def has_unfinished(self) -> bool:
@@ -182,6 +223,7 @@ class Scheduler:
         self.running.remove(seq)
         self._num_held -= seq.held
         seq.table, seq.status, seq.held = None, Status.WAITING, False
+        seq.num_computed = 0  # its K/V are gone: a recompute starts from the first token
         seq.num_preemptions += 1
         self.num_preemptions += 1
         _insert(self.waiting, seq)
@@ -203,12 +245,18 @@ class Scheduler:
         return step
 
     def update(self, step: Step, tokens: list[int]) -> list[Sequence]:
-        """Record each scheduled sequence's new token; retire the finished ones and return them."""
+        """Record what each scheduled sequence computed and its new token (the token of a chunk
+        that leaves part of its prompt for later is dropped); retire the finished ones and
+        return them."""
         scheduled = step.scheduled
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
-        done = []
+        done, chunks = [], step.chunks
         for seq, token in zip(scheduled, tokens):
+            if chunks and seq in chunks and chunks[seq] < seq.num_uncomputed:
+                seq.num_computed += chunks[seq]  # part of its prompt is left: no token yet
+                continue
+            seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
             if seq.is_done:
                 done.append(seq)
@@ -218,24 +266,45 @@ class Scheduler:
 
     def _validate(self, step: Step) -> None:
         seen = set()
+        chunked = self.token_budget is not None
+        if step.chunks and self.token_budget is None:
+            raise SchedulingError("a step with prefill chunks needs config.token_budget: "
+                                  "chunks run in one forward pass with the decodes")
+        if self.token_budget is not None and step.num_tokens > self.token_budget:
+            raise SchedulingError(f"the step runs {step.num_tokens} tokens but the token budget "
+                                  f"is {self.token_budget}: decodes take one each, and prefill "
+                                  "chunks only what is left")
+        chunks = step.chunks
         for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes)):
             for seq in seqs:
-                if id(seq) in seen:
+                key = id(seq)
+                if key in seen:
                     raise SchedulingError(f"{seq!r} is scheduled twice in one step")
-                seen.add(id(seq))
+                seen.add(key)
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
-                if seq.table.num_tokens != len(seq.prompt) + len(seq.output):
+                n = len(seq.prompt) + len(seq.output)
+                if seq.table.num_tokens != n:
                     raise SchedulingError(
                         f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
-                        f"tokens but the step needs room for {seq.num_tokens} (prefill: admit "
+                        f"tokens but the step needs room for {n} (prefill: admit "
                         "gives room for every token; decode: call append_slot once)")
                 if seq.is_done:
                     raise SchedulingError(f"{kind} of {seq!r}, which is already done")
+                left = n - seq.num_computed
+                new = chunks[seq] if chunks and seq in chunks else left
+                if not 0 < new <= left:
+                    raise SchedulingError(f"{kind} of {seq!r} runs {new} tokens; it has "
+                                          f"{left} still to compute (a chunk "
+                                          "runs at least one and at most all of them)")
+                if chunked and kind == "decode" and left != 1:
+                    raise SchedulingError(f"decode of {seq!r}, whose prompt is not computed "
+                                          "yet: it needs prefill chunks first")
         if len(seen) + self._num_held < len(self.running) or self._num_held:
             for seq in self.running:
-                if id(seq) not in seen and not (seq.held and seq.is_done):
+                if id(seq) not in seen and not (seq.held and seq.is_done) \
+                        and not (chunked and self.is_prefilling(seq)):  # mid-prompt may wait
                     raise SchedulingError(f"{seq!r} is running but got no token this step: "
                                           "every running sequence decodes in every step")
 
@@ -271,6 +340,49 @@ def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
         sched.admit(seq)
         step.prefills.append(seq)
         budget -= seq.num_tokens
+    return step
+
+
+def chunked_policy(sched: Scheduler, now: float = 0.0) -> Step:
+    """Chunked prefill (Sarathi-Serve's stall-free batching): one forward pass of at most
+    ``sched.token_budget`` tokens a step.
+
+    1. Decodes first: every running sequence whose prompt is computed gets a slot for its next
+       token, oldest first, preempting the latest arrival when the pool is empty, exactly as
+       ``continuous_policy`` does. Each costs one token of the budget.
+    2. The rest of the budget goes to prefill work, oldest first: first the running sequences
+       whose prompt is partly computed, then waiting sequences admitted in arrival order (with
+       memory for all their tokens, as ``continuous_policy`` asks; none after a preemption).
+       Each gets min(its uncomputed tokens, the budget left); a sequence that gets fewer than
+       all of them is a chunk (``step.chunks``) and continues next step.
+    """
+    step = Step()
+    begun = [s for s in sched.running if sched.is_prefilling(s)]  # prompts chunked earlier
+    for seq in list(sched.running):  # oldest first; the list changes as we preempt
+        if seq.status is not Status.RUNNING or sched.is_prefilling(seq):
+            continue  # preempted earlier in this loop, or its prompt is not computed yet
+        while not sched.can_append(seq):
+            victim = sched.running[-1]  # the latest arrival
+            sched.preempt(victim)
+            step.preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            sched.append_slot(seq)
+            step.decodes.append(seq)
+    budget = sched.token_budget - len(step.decodes)
+    for seq in begun:
+        if seq.status is Status.RUNNING and budget > 0:  # not preempted above
+            n = min(seq.num_uncomputed, budget)
+            step.prefill(seq, n)
+            budget -= n
+    while not step.preempted and budget > 0 and sched.waiting \
+            and sched.can_admit(sched.waiting[0]):
+        seq = sched.waiting[0]
+        sched.admit(seq)
+        n = min(seq.num_uncomputed, budget)
+        step.prefill(seq, n)
+        budget -= n
     return step
 
 
@@ -337,4 +449,4 @@ def make_static_policy(max_wait_s: float = 0.0,
     return policy
 
 
-POLICIES = {"continuous": continuous_policy, "static": static_policy}
+POLICIES = {"continuous": continuous_policy, "static": static_policy, "chunked": chunked_policy}

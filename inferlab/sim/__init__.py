@@ -7,5 +7,8 @@ virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``
 ``steady_state`` (a Poisson stream served until what is measured stops changing: offered
 against achieved load, overload, the highest rate within an SLO), ``sweeps`` (Chapter 4's
 steady-state sweep, stored in ``data/simulations/``), ``plots`` (timelines, latency-throughput
-curves and steady states).
+curves and steady states), ``workloads`` (Chapter 7's mixed trace, and
+chat-like, long-document and short-prompt streams), ``disaggregation`` (a cluster of prefill,
+decode or colocated instances on one timeline, its router, KV transfers and failures),
+``goodput`` (the highest rate within an SLO, in a steady state).
 """

@@ -11,7 +11,9 @@ step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two
 - ``FittedCosts``: calibrated on this machine. Prefill time a + b T + c T^2 in the prompt
   length T; decode time a + b n + c C in the batch n and the context C (K/V tokens read), fitted
   by least squares to step times measured with ``torch.utils.benchmark`` (``measure_costs``)
-  or taken from an engine run's iteration log (``FittedCosts.from_iterations``).
+  or taken from an engine run's iteration log (``FittedCosts.from_iterations``). A chunked
+  step (decodes and prefill chunks in one forward, Chapter 7) costs a + b N + c P + d C in its
+  tokens N, the query-key pairs P of its chunks (``chunk_pairs``) and the decodes' context C.
 - ``RooflineCosts``: a table GPU and model (``data/hardware.csv``, ``data/models.csv``): each step
   takes max(FLOPs / peak, bytes / bandwidth) from ``inferlab.analysis.formulas``, optionally derated by
   an efficiency and padded with a fixed per-step overhead. With efficiency 1 and no overhead it
@@ -42,6 +44,13 @@ from inferlab.timing import time_fn
 class CostModel(Protocol):
     def prefill_s(self, n_tokens: int) -> float: ...
     def decode_s(self, batch: int, context_tokens: int) -> float: ...
+    def step_s(self, chunks, batch: int, context_tokens: int) -> float: ...
+
+
+def chunk_pairs(chunks) -> float:
+    """Query-key pairs the attention of ``chunks`` computes: a chunk of n new tokens after c
+    cached ones has its i-th token (i = 1..n) attend to c + i keys."""
+    return sum(n * c + n * (n + 1) / 2 for n, c in chunks)
 
 
 def _nonnegative_lstsq(rows: list[list[float]], ys: list[float]) -> tuple[float, ...]:
@@ -80,6 +89,8 @@ class FittedCosts:
     source: str = ""
     prefill_samples: tuple[tuple[int, float], ...] = field(default=(), repr=False)
     decode_samples: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
+    mixed: tuple[float, float, float, float] | None = None  # chunked steps: a + bN + cP + dC
+    mixed_samples: tuple = field(default=(), repr=False)   # (chunks, batch, context, seconds)
 
     def prefill_s(self, n_tokens: int) -> float:
         a, b, c = self.prefill
@@ -89,28 +100,61 @@ class FittedCosts:
         a, b, c = self.decode
         return max(0.0, a + b * batch + c * context_tokens)
 
+    def step_s(self, chunks, batch: int, context_tokens: int) -> float:
+        """A chunked step: ``chunks`` of (new tokens, cached tokens) and ``batch`` decodes over
+        ``context_tokens``; with no chunks it is a decode step."""
+        if not chunks:
+            return self.decode_s(batch, context_tokens)
+        if self.mixed is None:
+            raise ValueError("these costs have no fit for chunked steps: fit them to a chunked "
+                             "run's iterations (from_iterations)")
+        a, b, c, d = self.mixed
+        tokens = sum(n for n, _ in chunks) + batch
+        return max(0.0, a + b * tokens + c * chunk_pairs(chunks) + d * context_tokens)
+
     @classmethod
     def fit(cls, prefills: Iterable[tuple[int, float]],
-            decodes: Iterable[tuple[int, int, float]], source: str = "") -> "FittedCosts":
-        """Least squares over (T, seconds) prefill samples and (n, C, seconds) decode samples
-        (kept in ``prefill_samples`` and ``decode_samples``)."""
-        prefills, decodes = list(prefills), list(decodes)
-        if len({t for t, _ in prefills}) < 3 or len({(n, c) for n, c, _ in decodes}) < 3:
-            raise ValueError("need prefills at 3 or more lengths and decodes at 3 or more "
-                             "(batch, context) points to fit the cost model")
-        p = _nonnegative_lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
-        d = _nonnegative_lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
-        return cls(p, d, source, tuple(prefills), tuple(decodes))
+            decodes: Iterable[tuple[int, int, float]], source: str = "",
+            mixed: Iterable[tuple] = ()) -> "FittedCosts":
+        """Least squares over (T, seconds) prefill samples, (n, C, seconds) decode samples and
+        (chunks, n, C, seconds) chunked-step samples (kept in ``*_samples``). With chunked
+        samples alone, the prefill and decode fits are the chunked fit's special cases."""
+        prefills, decodes, mixed = list(prefills), list(decodes), list(mixed)
+        m = None
+        if mixed:
+            if len({(tuple(ch), n, c) for ch, n, c, _ in mixed}) < 4:
+                raise ValueError("need chunked steps of 4 or more shapes to fit their cost")
+            m = _nonnegative_lstsq([[1, sum(n for n, _ in ch) + b, chunk_pairs(ch), c]
+                                    for ch, b, c, _ in mixed], [s for *_, s in mixed])
+        if len({t for t, _ in prefills}) >= 3:
+            p = _nonnegative_lstsq([[1, t, t * t] for t, _ in prefills], [s for _, s in prefills])
+        elif m is not None:  # a prefill is one chunk from scratch, without decodes
+            p = (m[0], m[1] + m[2] / 2, m[2] / 2)
+        else:
+            raise ValueError("need prefills at 3 or more lengths (or chunked steps) to fit the "
+                             "cost model")
+        if len({(n, c) for n, c, _ in decodes}) >= 3:
+            d = _nonnegative_lstsq([[1, n, c] for n, c, _ in decodes], [s for _, _, s in decodes])
+        elif m is not None:  # a decode step is a step without chunks
+            d = (m[0], m[1], m[3])
+        else:
+            raise ValueError("need decodes at 3 or more (batch, context) points (or chunked "
+                             "steps) to fit the cost model")
+        return cls(p, d, source, tuple(prefills), tuple(decodes), m, tuple(mixed))
 
     @classmethod
     def from_iterations(cls, iterations: Iterable[Iteration], source: str = "") -> "FittedCosts":
-        """Fit to the prefills and decode batches an engine run logged (``Engine.iterations``)."""
-        prefills, decodes = [], []
+        """Fit to the prefills, decode batches and chunked steps an engine run logged
+        (``Run.iterations``)."""
+        prefills, decodes, mixed = [], [], []
         for it in iterations:
             prefills.extend((n, s) for _, n, s in it.prefills)
-            if it.decode_ids:
+            if it.chunks:
+                mixed.append((tuple((n, c) for _, n, c in it.chunks), it.decode_batch,
+                              it.decode_context, it.decode_s))
+            elif it.decode_ids:
                 decodes.append((it.decode_batch, it.decode_context, it.decode_s))
-        return cls.fit(prefills, decodes, source or "fitted to an engine run's iterations")
+        return cls.fit(prefills, decodes, source or "fitted to an engine run's iterations", mixed)
 
 
 def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
@@ -209,12 +253,20 @@ class RooflineCosts:
         return self._time(flops, nbytes)
 
     def decode_s(self, batch: int, context_tokens: int) -> float:
+        return self.step_s((), batch, context_tokens)
+
+    def step_s(self, chunks, batch: int, context_tokens: int) -> float:
+        """A chunked step: weights read once; every new token through every matmul; the
+        chunks' query-key pairs and the decodes' context in attention; each chunk reads its
+        cached K/V and writes its new K/V, each decode reads its context."""
         c = self.config
         base = formulas.flops_per_token(c, 0)
         attention = formulas.flops_per_token(c, 1) - base  # per K/V token attended
-        flops = batch * base + attention * context_tokens
+        tokens = batch + sum(n for n, _ in chunks)
+        flops = tokens * base + attention * (chunk_pairs(chunks) + context_tokens)
+        kv_tokens = context_tokens + sum(n + cached for n, cached in chunks)
         nbytes = (formulas.decode_bytes_per_step(c, self.dtype)
-                  + context_tokens * formulas.kv_bytes_per_token(c, self.dtype))
+                  + kv_tokens * formulas.kv_bytes_per_token(c, self.dtype))
         return self._time(flops, nbytes)
 
 
@@ -232,6 +284,12 @@ class SimRunner:
         context = sum(s.table.num_tokens for s in seqs)
         self.clock.advance(self.costs.decode_s(len(seqs), context))
         return [0] * len(seqs)
+
+    def forward(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[int]:
+        context = sum(s.table.num_tokens for s in decodes)
+        shape = [(n, s.num_computed) for s, n in chunks]
+        self.clock.advance(self.costs.step_s(shape, len(decodes), context))
+        return [0] * (len(decodes) + len(chunks))
 
 
 def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -> Run:

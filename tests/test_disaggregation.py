@@ -1,0 +1,201 @@
+"""The simulated cluster (prefill, decode and colocated instances), the steady-state goodput
+search, Chapter 7's workloads, and the study and benchmark that use them, at toy sizes."""
+
+import math
+
+import pytest
+
+from inferlab.analysis import formulas
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.model.config import ModelConfig
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.loop import Result, Run
+from inferlab.serving.metrics import SLO, RequestTiming
+from inferlab.serving.request import Request
+from inferlab.sim import workloads
+from inferlab.sim.disaggregation import Cluster, Failure, designs, simulate_cluster
+from inferlab.sim.goodput import achieved_rate, attainment_curve, goodput_rate, steady_summary
+from inferlab.sim.simulator import FittedCosts, RooflineCosts
+
+LLAMA13 = ModelConfig.from_name("llama-2-13b")
+A100 = get_device_spec("A100 80GB SXM")
+COSTS = RooflineCosts.for_device(LLAMA13, A100)
+KV = formulas.kv_bytes_per_token(LLAMA13)
+BASE = ServingConfig(num_blocks=4000, max_batch=64)
+PREFILL = BASE.replace(policy="chunked", token_budget=4096)
+DECODE = BASE.replace(policy="chunked", token_budget=128)
+
+
+def split(p, d, bw=300e9, router="least_loaded"):
+    return Cluster(COSTS, prefill=p, decode=d, prefill_config=PREFILL, decode_config=DECODE,
+                   kv_bytes_per_token=KV, link_bandwidth=bw, router=router)
+
+
+def requests(n=40, rate=20.0, seed=0):
+    return workloads.poisson_requests(workloads.chat_like(n, seed=seed, scale=0.5), rate, seed)
+
+
+@pytest.mark.parametrize("cluster", [Cluster(COSTS, colocated=2, colocated_config=BASE),
+                                     split(1, 1), split(2, 1, router="round_robin")],
+                         ids=["colocated", "1P1D", "2P1D round robin"])
+def test_every_request_completes_with_its_tokens_and_moves_its_cache_once(cluster):
+    reqs = requests()
+    out = simulate_cluster(reqs, cluster)
+    for r, result in zip(reqs, out.run.results):
+        assert result.ok and len(result.tokens) == r.max_new_tokens
+        assert result.timing.n_tokens == r.max_new_tokens
+        assert result.timing.token_times_s[0] >= r.arrival_s
+    handed_on = [r for r in reqs if r.max_new_tokens > 1]
+    if cluster.decode:
+        assert out.transfers == len(handed_on)
+        assert out.transfer_bytes == pytest.approx(KV * sum(len(r.prompt) for r in handed_on))
+    else:
+        assert out.transfers == 0 and out.transfer_bytes == 0
+
+
+def test_the_transfer_sits_between_the_first_and_second_token_and_queues_on_the_link():
+    reqs = [Request((0,) * 1000, 5, 0.0, "a"), Request((0,) * 1000, 5, 0.0, "b")]
+    bw = 1e9  # slow: 1000 tokens of Llama-2-13B cache take about 0.8 s
+    out = simulate_cluster(reqs, split(1, 1, bw=bw))
+    move = KV * 1000 / bw
+    a, b = (r.timing.token_times_s for r in out.run.results)
+    assert a[1] - a[0] >= move and b[1] - b[0] >= move
+    assert max(a[1], b[1]) - min(a[0], b[0]) >= 2 * move  # one link: the second waits
+    assert out.link_wait_s > 0
+
+
+def test_a_colocated_cluster_of_one_behaves_like_the_simulator():
+    from inferlab.sim.simulator import simulate
+
+    reqs = requests(30)
+    alone = simulate(reqs, COSTS, BASE)
+    cluster = simulate_cluster(reqs, Cluster(COSTS, colocated=1, colocated_config=BASE)).run
+    for x, y in zip(alone.results, cluster.results):
+        assert x.timing.token_times_s == pytest.approx(y.timing.token_times_s)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "retransfer"])
+def test_a_failed_decode_instance_loses_no_request_and_costs_what_its_mode_says(mode):
+    reqs = requests(60, rate=30.0)
+    cluster = split(1, 2)
+    base = simulate_cluster(reqs, cluster)
+    failed = simulate_cluster(reqs, cluster, Failure(0, 1.0, mode, down_s=0.5))
+    assert failed.lost
+    for r, result in zip(reqs, failed.run.results):
+        assert len(result.tokens) == r.max_new_tokens == result.timing.n_tokens
+    assert failed.recomputed_tokens > 0 and failed.transfer_bytes > base.transfer_bytes
+    lost = [reqs[i] for i in failed.lost]
+    if mode == "retransfer":  # the prompt's cache is sent again; only the streamed tokens redone
+        assert failed.recomputed_tokens < sum(len(r.prompt) + r.max_new_tokens for r in lost)
+        assert failed.transfers == base.transfers + len(lost)
+    # the lost requests' streams have a hole where their instance died
+    gap = lambda run, i: max(b - a for a, b in zip(run.results[i].timing.token_times_s,  # noqa
+                                                    run.results[i].timing.token_times_s[1:]))
+    assert max(gap(failed.run, i) for i in failed.lost) > max(gap(base.run, i)
+                                                               for i in failed.lost)
+
+
+def test_clusters_refuse_impossible_shapes():
+    with pytest.raises(ValueError, match="colocated or disaggregated"):
+        Cluster(COSTS, colocated=1, prefill=1, decode=1, colocated_config=BASE,
+                prefill_config=PREFILL, decode_config=DECODE)
+    with pytest.raises(ValueError, match="chunked steps"):
+        Cluster(COSTS, prefill=1, decode=1, prefill_config=PREFILL, decode_config=BASE)
+    with pytest.raises(ValueError, match="needed"):
+        Cluster(COSTS, colocated=2)
+    with pytest.raises(ValueError, match="another one"):
+        simulate_cluster(requests(4), split(1, 1), Failure(0, 1.0))
+    with pytest.raises(ValueError, match="recompute"):
+        Failure(0, 1.0, "reboot")
+
+
+def test_designs_cover_every_split_at_equal_gpus():
+    d = designs(LLAMA13, A100, 4, 300e9)
+    assert list(d) == ["colocated", "chunked", "1P3D", "2P2D", "3P1D"]
+    assert {c.gpus for c in d.values()} == {4}
+    assert d["chunked"].colocated_config.token_budget == 512
+
+
+# -- goodput, steady state ------------------------------------------------------------------
+def fake_run(rate: float, capacity: float, n: int = 200) -> Run:
+    """Requests that meet a 1 s TTFT below ``capacity`` req/s and miss it above."""
+    results = []
+    for i in range(n):
+        arrival = i / rate
+        wait = 0.1 if rate <= capacity else 0.1 + 50 * (rate - capacity) * i / n
+        results.append(Result(i, (0,), (0, 0), RequestTiming(arrival, (arrival + wait,
+                                                                        arrival + wait + 0.01))))
+    return Run(results)
+
+
+def test_goodput_bisection_finds_a_known_capacity():
+    slo = SLO(ttft_s=1.0, tpot_s=0.1)
+    g = goodput_rate(lambda rate: rate, lambda rate: fake_run(rate, 37.0), slo, gpus=4,
+                     name="fake", start=3.0, rel_tol=0.01)
+    assert 36.5 < g.rate <= 37.05 and g.per_gpu == pytest.approx(g.rate / 4)
+    assert g.attainment >= 0.9 and g.achieved > 0
+    assert goodput_rate(lambda r: r, lambda r: fake_run(r, -1.0), slo, start=1.0).rate == 0.0
+
+
+def test_steady_summary_skips_the_warm_up_and_achieved_rate_counts_completions():
+    run = fake_run(10.0, 100.0, n=100)  # 10 req/s for 10 s, each done 0.11 s after arriving
+    assert steady_summary(run, warmup=0.1).n_requests == 90
+    assert achieved_rate(run, warmup=0.1) == pytest.approx(10.0, rel=0.05)
+    slow = fake_run(10.0, 5.0, n=100)  # overloaded: completions lag the arrivals
+    assert achieved_rate(slow, warmup=0.1) < 9.0
+
+
+def test_attainment_curve_counts_one_token_answers_by_their_ttft():
+    timings = [RequestTiming(0.0, (0.1,)), RequestTiming(0.0, (0.1, 0.2, 0.3)),
+               RequestTiming(0.0, (2.0, 2.01))]
+    assert attainment_curve(timings, 1.0, [0.05, 0.1, 0.5]) == [1 / 3, 2 / 3, 2 / 3]
+
+
+# -- workloads --------------------------------------------------------------------------------
+def test_workloads_have_their_stated_shapes():
+    rows = workloads.long_document(3000)
+    mean_in = sum(r.prompt_len for r in rows) / len(rows)
+    mean_out = sum(r.output_len for r in rows) / len(rows)
+    assert mean_in == pytest.approx(workloads.LONG_DOCUMENT["mean_in"], rel=0.02)
+    assert mean_out == pytest.approx(workloads.LONG_DOCUMENT["mean_out"], rel=0.02)
+    reqs = workloads.stream("chat", 5.0, 20.0)
+    assert len(reqs) == 100 and reqs[-1].arrival_s > 10
+    mixed = workloads.mixed_requests(3, 8, 20, 2, [100, 200], 4, 0.5, vocab_size=50, seed=1)
+    assert [len(r.prompt) for r in mixed] == [8, 8, 8, 100, 200]
+    assert [r.arrival_s for r in mixed[3:]] == [0.5, 1.0]
+    assert all(0 <= t < 50 for r in mixed for t in r.prompt)
+    with pytest.raises(ValueError, match="unknown kind"):
+        workloads.stream("poetry", 1.0, 1.0)
+
+
+# -- the study and the benchmark, at toy sizes --------------------------------------------------
+def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
+    from inferlab.benchmarks import disaggregation_study as study
+
+    monkeypatch.setattr(study, "GPUS", 2)
+    rows = study.goodput_table("document", durations=(8.0,), log=lambda *a: None)
+    assert [r["design"] for r in rows] == ["colocated", "chunked", "1P1D"]
+    assert all(r["rate"] > 0 and r["attainment"] >= 0.9 for r in rows)
+    low = study.low_load(rate=0.5, duration=10.0)
+    assert low["1P1D"]["gpus"] == 2 and low["1 colocated"]["gpus"] == 1
+    f = study.failure("1P1D", 1.0, duration=10.0, at_s=5.0, down_s=1.0)
+    assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer"}
+
+
+def test_the_benchmark_measures_the_engine_and_checks_its_bars(tmp_path, monkeypatch, capsys):
+    import json
+
+    from inferlab.benchmarks import prefill_decode
+
+    tiny = dict(model="tiny", trace=(3, 8, 12, 2, 96, 3, 0.05), max_batch=4, budgets=(8, 32))
+    monkeypatch.setitem(prefill_decode.SIZES, "cpu", tiny)
+    out = tmp_path / "pd.json"
+    assert prefill_decode.main(["--profile", "cpu", "--repeats", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "budget 8" in text and "simulator, whole prompts" in text and "bars:" in text
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "prefill_decode" and record["model"] == "tiny"
+    engine = record["engine"]
+    assert [r["label"] for r in engine["results"]] == ["whole prompts", "budget 8", "budget 32"]
+    assert {"stall_cut", "simulator_worst_error"} <= set(engine["bars"])
+    assert all(r["stall_s"] > 0 for r in engine["results"])
