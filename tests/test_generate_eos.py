@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from inferlab.model.config import ModelConfig
-from inferlab.model.generate import decode_one_token, generate, generate_text, generate_without_cache
+from inferlab.model.generate import (decode_one_token, generate, generate_text,
+                                     generate_without_cache)
 from inferlab.model.llama import build_model
 
 CONFIG = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)

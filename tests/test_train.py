@@ -25,7 +25,8 @@ def toy_data():
     """A tokenizer and token streams from the shipped validation text (no local stdlib needed)."""
     files = corpus.held_out("validation")[:6]
     tokenizer = bpe.train_tokenizer(corpus.documents(files), TOY.vocab_size)
-    return tokenizer, train.token_stream(tokenizer, files[1:]), train.token_stream(tokenizer, files[:1])
+    stream, val = train.token_stream(tokenizer, files[1:]), train.token_stream(tokenizer, files[:1])
+    return tokenizer, stream, val
 
 
 def _digest(model) -> str:
@@ -84,8 +85,8 @@ def test_same_seed_same_checkpoint_and_another_seed_another(toy_data):
     _, stream, val = toy_data
     first, rows = train.train_model(TOY, stream, val, PLAN, progress=False)
     second, _ = train.train_model(TOY, stream, val, PLAN, progress=False)
-    other, _ = train.train_model(TOY, stream, val, train.TrainConfig(**{**PLAN.__dict__, "seed": 1}),
-                                 progress=False)
+    reseeded = train.TrainConfig(**{**PLAN.__dict__, "seed": 1})
+    other, _ = train.train_model(TOY, stream, val, reseeded, progress=False)
     assert _digest(first) == _digest(second) != _digest(other)
     assert [r["step"] for r in rows] == [0, 3, 6] and rows[-1]["val_loss"] < rows[0]["val_loss"]
 

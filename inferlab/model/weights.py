@@ -7,17 +7,18 @@ the model is large) and the tokenizer files (``tokenizer.json``, ``tokenizer_con
 tensor by name, in the dtype and on the device you choose. Models with tied embeddings (the
 small Qwen2.5 ones) store no ``lm_head.weight``: the output projection is the embedding table.
 
-    path = download_checkpoint("Qwen/Qwen2.5-0.5B")          # needs a network (Colab)
-    model = load_checkpoint(path, dtype="bfloat16", device="cuda")
-    tokenizer = load_tokenizer(path)
-    print(generate_text(model, tokenizer, "The KV cache is", max_new_tokens=20))
+    path = checkpoint_path("course-target")   # or "Qwen/Qwen2.5-0.5B": downloaded (Colab)
+    model = load_checkpoint(path)               # the checkpoint's dtype; or dtype=, device=
+    tokenizer = load_tokenizer(path, model=model)
+    print(generate_text(model, tokenizer, "def parse(line):\n    if", max_new_tokens=20))
 
-``save_checkpoint`` writes the same layout, which is how the tests make a checkpoint offline.
 ``checkpoint_path`` turns one name into a directory: the course's own trained models
-(``course-target``, ``course-draft``, shipped in ``data/models/``) or a Hub id, so a lab switches
-between them by changing that name.
-The tokenizer comes from ``transformers`` when it is installed, else from the lighter
-``tokenizers`` package; neither is needed to load weights.
+(``course-target``, ``course-draft``, shipped in ``data/models/``) or a Hub id, so a lab
+switches between them by changing that name. ``save_checkpoint`` writes the same layout, which
+is how the tests make a checkpoint offline. A file that is missing, a ``config.json`` of another
+architecture, or a tokenizer from another checkpoint is refused with the file's name. The
+tokenizer comes from ``transformers`` when it is installed, else from the lighter ``tokenizers``
+package; neither is needed to load weights.
 """
 
 from __future__ import annotations
