@@ -2,7 +2,8 @@
 
 The folders are the architecture; each module holds one mechanism:
 
-- ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints.
+- ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints, and the
+  course's own trained models (corpus, tokenizer, training script, quality measures).
 - ``serving/``: the engine: block manager, paged cache, scheduler, engine loop, metrics.
 - ``sim/``: request traces and serving runs with modelled step times (memory, latency).
 - ``analysis/``: formulas, the hardware table and probes, the roofline, capacity calculators.
