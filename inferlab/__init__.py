@@ -2,7 +2,8 @@
 
 The folders are the architecture; each module holds one mechanism:
 
-- ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints.
+- ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints, and the
+  course's own trained models (corpus, tokenizer, training script, quality measures).
 - ``serving/``: the engine: one ``ServingConfig``, requests, block manager, scheduler, paged
   cache and attention, model runner, the loop, ``serve``, metrics.
 - ``sim/``: request traces and serving runs with modelled step times (memory, latency).

@@ -30,6 +30,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from inferlab.course import labgen
+from inferlab.model.config import ModelConfig
 
 # Versions Colab has preinstalled over 2024-2025 (torch 2.5-2.9, NumPy 1.26 and 2.0,
 # matplotlib 3.8-3.10, ...): the package's ranges must admit every one, so that pip keeps them.
@@ -118,21 +119,28 @@ import inferlab
 from inferlab import data_path
 from inferlab.analysis.hardware import load_hardware
 from inferlab.model.config import ModelConfig
+from inferlab.model.weights import checkpoint_path, load_checkpoint
 cfg = ModelConfig.from_name("llama-3-8b")
+course = load_checkpoint(checkpoint_path("course-target"))  # the course's own, from the wheel
 print(json.dumps({"package": inferlab.__file__, "table": str(data_path("hardware.csv")),
-                  "devices": len(load_hardware()), "layers": cfg.n_layers}))
+                  "devices": len(load_hardware()), "layers": cfg.n_layers,
+                  "course_model": str(checkpoint_path("course-target")),
+                  "course_layers": course.config.n_layers}))
 """], timeout=120, **run)
         assert check.returncode == 0, check.stderr[-3000:]
         seen = json.loads(check.stdout)
         site = str(venv)
         assert seen["package"].startswith(site) and seen["table"].startswith(site), seen
         assert seen["devices"] > 0 and seen["layers"] == 32
+        assert seen["course_model"].startswith(site)
+        assert seen["course_layers"] == ModelConfig.from_name("course-target").n_layers
 
         # The wheel pip built carried every file of data/ as inferlab/data/.
         record = next((venv / "lib").glob("python*/site-packages/inferlab-*.dist-info/RECORD"))
         shipped = {line.split(",")[0] for line in record.read_text().splitlines()}
         wanted = {f"inferlab/data/{p.relative_to(root / 'data').as_posix()}"
-                  for p in (root / "data").rglob("*") if p.is_file() and p.suffix in (".csv", ".md")}
+                  for p in (root / "data").rglob("*") if p.is_file() and p.suffix in (
+                      ".csv", ".md", ".json", ".jsonl", ".txt", ".safetensors")}
         assert wanted and wanted <= shipped, f"missing from the wheel: {sorted(wanted - shipped)}"
         if len(_setup_cells(root)) > 1:  # another distinct setup cell: start it from scratch
             subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "inferlab"],

@@ -3,5 +3,7 @@
 Read in this order: ``config`` (the shape, and the presets of ``data/models.csv``), ``llama``
 (the network, with Hugging Face parameter names), ``kv_cache`` (the reference contiguous cache),
 ``generate`` (prefill, one decode step, the loop), ``weights`` (Hugging Face checkpoints and
-tokenizers), ``gqa`` (fewer KV heads by mean pooling).
+tokenizers), ``gqa`` (fewer KV heads by mean pooling). The course's own trained pair:
+``corpus`` (the Python standard library as text), ``bpe`` (the tokenizer), ``train`` (the
+training script), ``quality`` (perplexity, bits per byte, the unigram baseline).
 """

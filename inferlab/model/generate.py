@@ -2,7 +2,8 @@
 
 - ``prefill``: run the whole prompt at once (matrix-matrix work), filling the cache.
 - ``decode_one_token``: run one new token per sequence against the cache (matrix-vector work).
-- ``generate``: prefill, then decode until ``max_new_tokens``; greedy unless a temperature is set.
+- ``generate``: prefill, then decode until ``max_new_tokens``, or until every sequence has
+  produced an end-of-sequence token when one is given; greedy unless a temperature is set.
 - ``generate_without_cache``: recompute the whole sequence for every new token: the O(n^2)
   baseline the KV cache exists to beat, and the oracle the cached path is checked against.
 - ``generate_text``: the same two loops behind a tokenizer, for a real checkpoint
@@ -39,6 +40,23 @@ def _check_lengths(model, tokens: torch.Tensor, max_new_tokens: int) -> None:
                          f"{model.config.max_seq_len}")
 
 
+def _eos_ids(eos_token_id, device) -> torch.Tensor | None:
+    """The end-of-sequence id(s) as a 1-D tensor, or None when generation should not stop."""
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+
+
+def _stop_finished(token: torch.Tensor, done: torch.Tensor, eos: torch.Tensor | None):
+    """Sequences that have already ended keep repeating their end-of-sequence token; returns
+    the tokens to append and the updated mask of ended sequences (B,)."""
+    if eos is None:
+        return token, done
+    token = torch.where(done, token.new_tensor(int(eos[0])), token)
+    return token, done | torch.isin(token, eos)
+
+
 def sample(logits: torch.Tensor, temperature: float = 0.0,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Next tokens (B,) from logits (B, V): argmax at temperature 0, else a softmax sample."""
@@ -66,8 +84,13 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor
 
 @torch.inference_mode()
 def generate(model, prompt, max_new_tokens: int, cache: KVCache | None = None,
-             temperature: float = 0.0, seed: int = 0) -> torch.Tensor:
-    """Prompt plus ``max_new_tokens`` generated tokens, shape (B, T + n), using a KV cache."""
+             temperature: float = 0.0, seed: int = 0, eos_token_id=None) -> torch.Tensor:
+    """Prompt plus up to ``max_new_tokens`` generated tokens, shape (B, T + n), with a KV cache.
+
+    With ``eos_token_id`` (an id or a list of ids), a sequence ends at the first one it
+    produces; a batch's ended sequences are padded with ``eos_token_id`` (the first, if a list)
+    until all have ended, and the loop stops there, so n may be less than ``max_new_tokens``.
+    """
     tokens = _as_batch(prompt).to(model.device)
     _check_lengths(model, tokens, max_new_tokens)
     total = tokens.shape[1] + max_new_tokens - 1  # the last token is sampled, never stored
@@ -87,24 +110,34 @@ def generate(model, prompt, max_new_tokens: int, cache: KVCache | None = None,
                              f"{cache.length + total} slots but the cache holds {cache.max_len}; "
                              "build a larger cache or ask for fewer tokens")
     gen = torch.Generator(device=model.device).manual_seed(seed)
+    eos, done = _eos_ids(eos_token_id, model.device), torch.zeros(tokens.shape[0], dtype=torch.bool,
+                                                                  device=model.device)
     out = [tokens]
-    next_token = sample(prefill(model, tokens, cache), temperature, gen)
+    next_token, done = _stop_finished(sample(prefill(model, tokens, cache), temperature, gen),
+                                      done, eos)
     out.append(next_token[:, None])
     for _ in range(max_new_tokens - 1):
-        next_token = sample(decode_one_token(model, next_token, cache), temperature, gen)
+        if eos is not None and bool(done.all()):
+            break
+        next_token, done = _stop_finished(
+            sample(decode_one_token(model, next_token, cache), temperature, gen), done, eos)
         out.append(next_token[:, None])
     return torch.cat(out, dim=1)
 
 
 @torch.inference_mode()
 def generate_without_cache(model, prompt, max_new_tokens: int, temperature: float = 0.0,
-                           seed: int = 0) -> torch.Tensor:
+                           seed: int = 0, eos_token_id=None) -> torch.Tensor:
     """The same as ``generate`` but recomputing the whole sequence at every step (no cache)."""
     tokens = _as_batch(prompt).to(model.device)
     _check_lengths(model, tokens, max_new_tokens)
     gen = torch.Generator(device=model.device).manual_seed(seed)
+    eos, done = _eos_ids(eos_token_id, model.device), torch.zeros(tokens.shape[0], dtype=torch.bool,
+                                                                  device=model.device)
     for _ in range(max_new_tokens):
-        next_token = sample(model(tokens)[:, -1], temperature, gen)
+        if eos is not None and bool(done.all()):
+            break
+        next_token, done = _stop_finished(sample(model(tokens)[:, -1], temperature, gen), done, eos)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
     return tokens
 
@@ -118,18 +151,19 @@ def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 32, use_c
     loop instead: the same text, more slowly. Generation stops at the tokenizer's
     ``eos_token_id`` (when it has one) unless ``stop_at_eos`` is False.
     """
+    from inferlab.model.weights import check_vocabulary  # weights imports this module
+
+    check_vocabulary(model, tokenizer)
     ids = list(tokenizer.encode(prompt))
     if not ids:
         raise ValueError("the prompt encodes to no tokens; pass some text")
     prompt_ids = torch.tensor([ids], dtype=torch.long)
-    if use_cache:
-        out = generate(model, prompt_ids, max_new_tokens, temperature=temperature, seed=seed)
-    else:
-        out = generate_without_cache(model, prompt_ids, max_new_tokens, temperature=temperature,
-                                     seed=seed)
-    new = out[0, len(ids):].tolist()
     eos = getattr(tokenizer, "eos_token_id", None)
     eos_ids = set(eos if isinstance(eos, (list, tuple, set)) else [eos]) - {None}
+    loop = generate if use_cache else generate_without_cache
+    out = loop(model, prompt_ids, max_new_tokens, temperature=temperature, seed=seed,
+               eos_token_id=sorted(eos_ids) if stop_at_eos and eos_ids else None)
+    new = out[0, len(ids):].tolist()
     if stop_at_eos and eos_ids:
         for i, token in enumerate(new):
             if token in eos_ids:

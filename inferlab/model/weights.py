@@ -7,14 +7,18 @@ the model is large) and the tokenizer files (``tokenizer.json``, ``tokenizer_con
 tensor by name, in the dtype and on the device you choose. Models with tied embeddings (the
 small Qwen2.5 ones) store no ``lm_head.weight``: the output projection is the embedding table.
 
-    path = download_checkpoint("Qwen/Qwen2.5-0.5B")          # needs a network (Colab)
-    model = load_checkpoint(path, dtype="bfloat16", device="cuda")
-    tokenizer = load_tokenizer(path)
-    print(generate_text(model, tokenizer, "The KV cache is", max_new_tokens=20))
+    path = checkpoint_path("course-target")   # or "Qwen/Qwen2.5-0.5B": downloaded (Colab)
+    model = load_checkpoint(path)               # the checkpoint's dtype; or dtype=, device=
+    tokenizer = load_tokenizer(path, model=model)
+    print(generate_text(model, tokenizer, "def parse(line):\n    if", max_new_tokens=20))
 
-``save_checkpoint`` writes the same layout, which is how the tests make a checkpoint offline.
-The tokenizer comes from ``transformers`` when it is installed, else from the lighter
-``tokenizers`` package; neither is needed to load weights.
+``checkpoint_path`` turns one name into a directory: the course's own trained models
+(``course-target``, ``course-draft``, shipped in ``data/models/``) or a Hub id, so a lab
+switches between them by changing that name. ``save_checkpoint`` writes the same layout, which
+is how the tests make a checkpoint offline. A file that is missing, a ``config.json`` of another
+architecture, or a tokenizer from another checkpoint is refused with the file's name. The
+tokenizer comes from ``transformers`` when it is installed, else from the lighter ``tokenizers``
+package; neither is needed to load weights.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inferlab.data import data_path
 from inferlab.device import parse_dtype, supported_dtypes
 from inferlab.model.generate import generate_text  # noqa: F401  (re-exported for Colab users)
 from inferlab.model.llama import Llama
@@ -41,8 +46,22 @@ def _read_config(path: Path) -> dict:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} has no config.json: is it a Hugging Face checkpoint "
-                                "directory? (it should hold config.json and *.safetensors)")
+                                "directory? (it should hold config.json and *.safetensors; "
+                                "download_checkpoint fetches both)")
     return json.loads(config_file.read_text(encoding="utf-8"))
+
+
+def _model_config(path: Path, hf: dict) -> ModelConfig:
+    """The shape in ``path/config.json``; a config this model cannot run says which file."""
+    try:
+        return ModelConfig.from_hf_config(hf, name=path.name)
+    except KeyError as exc:
+        raise ValueError(f"{path / 'config.json'} has no {exc.args[0]!r}: it is not a "
+                         "Llama-family config.json (re-download the checkpoint)") from None
+    except ValueError as exc:
+        raise ValueError(f"{path / 'config.json'}: {exc}. Choose a checkpoint of one of those "
+                         "architectures (Llama, Mistral, Qwen2), or the course's own "
+                         "course-target") from None
 
 
 def _rope_scaling(hf: dict) -> dict | None:
@@ -97,8 +116,9 @@ def _weight_files(path: Path) -> dict[str, Path]:
     files = [path / SINGLE_NAME] if (path / SINGLE_NAME).is_file() else \
         sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path} (inferlab reads safetensors "
-                                "only, not .bin or .pth files)")
+        raise FileNotFoundError(f"no model.safetensors (or other *.safetensors file) in {path}: "
+                                "download the weights too (download_checkpoint does); inferlab "
+                                "reads safetensors only, not .bin or .pth files")
     names = {}
     for f in files:
         with safe_open(f, framework="pt") as sf:
@@ -134,7 +154,7 @@ def load_checkpoint(path: str | Path, dtype=None, device: str | torch.device = "
     path = Path(path)
     hf = _read_config(path)
     _warn_unsupported(hf)
-    config = ModelConfig.from_hf_config(hf, name=path.name)
+    config = _model_config(path, hf)
     state = load_state_dict(path, dtype, device)
     if config.tie_embeddings:
         extra = state.pop("lm_head.weight", None)  # some tied checkpoints store a copy anyway
@@ -205,12 +225,19 @@ def save_checkpoint(model: Llama, path: str | Path, max_shard_bytes: int | None 
 
 
 class Tokenizer:
-    """A minimal tokenizer interface: ``encode(text) -> list[int]``, ``decode(ids) -> str``."""
+    """A minimal tokenizer interface: ``encode(text) -> list[int]``, ``decode(ids) -> str``.
 
-    def __init__(self, backend, eos_token_id=None, source: str = ""):
+    ``vocab_size`` counts every token id it can produce, special tokens included; ``path`` is
+    the directory it was loaded from.
+    """
+
+    def __init__(self, backend, eos_token_id=None, source: str = "", vocab_size: int | None = None,
+                 path: str | Path = ""):
         self.backend = backend
         self.eos_token_id = eos_token_id
         self.source = source
+        self.vocab_size = vocab_size
+        self.path = Path(path)
 
     def encode(self, text: str) -> list[int]:
         out = self.backend.encode(text)
@@ -241,32 +268,66 @@ def _eos_from_files(path: Path, token_to_id) -> int | list[int] | None:
     return None
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def check_vocabulary(model, tokenizer) -> None:
+    """Refuse a tokenizer that can produce ids the model has no embedding for (another
+    checkpoint's tokenizer). A model's table may be larger than its tokenizer (padding rows)."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if size is not None and size > model.config.vocab_size:
+        where = getattr(tokenizer, "path", None)
+        raise ValueError(f"the tokenizer {where / 'tokenizer.json' if where else ''} has {size} "
+                         f"tokens but the model has {model.config.vocab_size} (vocab_size in its "
+                         "config.json): they belong to different checkpoints. Load both from "
+                         "the same directory: load_checkpoint(path) and load_tokenizer(path)")
+
+
+def load_tokenizer(path: str | Path, model=None) -> Tokenizer:
     """The tokenizer stored with a checkpoint, through ``transformers`` or ``tokenizers``.
 
-    Raises ImportError saying what to install when neither package is present.
+    With ``model``, also check that the two match (``check_vocabulary``). Raises ImportError
+    saying what to install when neither package is present.
     """
-    path = Path(path)
+    path, file = Path(path), Path(path) / "tokenizer.json"
     try:
         from transformers import AutoTokenizer
     except ImportError:
         AutoTokenizer = None
-    if AutoTokenizer is not None:
-        tok = AutoTokenizer.from_pretrained(str(path))
-        eos = _eos_from_files(path, tok.convert_tokens_to_ids)
-        return Tokenizer(tok, tok.eos_token_id if eos is None else eos, "transformers")
     try:
         from tokenizers import Tokenizer as FastTokenizer
     except ImportError:
-        raise ImportError("loading a tokenizer needs the `tokenizers` package (or "
-                          "`transformers`): run `pip install tokenizers`. The model itself "
-                          "loads without either.") from None
-    file = path / "tokenizer.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{path} has no tokenizer.json; the `tokenizers` package reads "
-                                "only that file (install `transformers` for older formats)")
-    tok = FastTokenizer.from_file(str(file))
-    return Tokenizer(tok, _eos_from_files(path, tok.token_to_id), "tokenizers")
+        if AutoTokenizer is None:
+            raise ImportError("loading a tokenizer needs the `tokenizers` package (or "
+                              "`transformers`): run `pip install tokenizers`. The model itself "
+                              "loads without either.") from None
+    if not file.is_file() and (AutoTokenizer is None
+                               or not (path / "tokenizer_config.json").is_file()):
+        raise FileNotFoundError(
+            f"{file} does not exist: copy or download the checkpoint's tokenizer files into "
+            f"{path} (download_checkpoint does)" + ("" if AutoTokenizer else "; the `tokenizers` "
+            "package reads only tokenizer.json (install `transformers` for older formats)"))
+    if AutoTokenizer is not None:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        eos = _eos_from_files(path, tok.convert_tokens_to_ids)
+        tokenizer = Tokenizer(tok, tok.eos_token_id if eos is None else eos, "transformers",
+                              len(tok), path)
+    else:
+        tok = FastTokenizer.from_file(str(file))
+        tokenizer = Tokenizer(tok, _eos_from_files(path, tok.token_to_id), "tokenizers",
+                              tok.get_vocab_size(with_added_tokens=True), path)
+    if model is not None:
+        check_vocabulary(model, tokenizer)
+    return tokenizer
+
+
+def checkpoint_path(name: str | Path) -> Path:
+    """The directory of a checkpoint by name: an existing directory, one of the course's own
+    models (a row of data/models.csv with a folder in data/models/, e.g. ``course-target``),
+    or else a Hugging Face Hub id, downloaded (needs a network)."""
+    if Path(name).is_dir():
+        return Path(name)
+    local = data_path("hardware.csv").parent / "models" / str(name)
+    if (local / "config.json").is_file():
+        return local
+    return download_checkpoint(str(name))
 
 
 def download_checkpoint(repo_id: str, local_dir: str | Path | None = None) -> Path:
