@@ -157,6 +157,17 @@ class Server:
         heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
         self.stamps.setdefault(seq.seq_id, [])
 
+    def withdraw(self, seq: Sequence) -> None:
+        """Take ``seq`` out wherever it is (not arrived yet, waiting or running); a running
+        one's blocks are freed at once (``Scheduler.abort``). A server calls it between steps
+        when a client hangs up."""
+        kept = [item for item in self._pending if item[2] is not seq]
+        if len(kept) < len(self._pending):
+            heapq.heapify(kept)
+            self._pending = kept
+        else:
+            self.scheduler.abort(seq)
+
     @property
     def pending(self) -> list[Sequence]:
         """Sequences submitted for a later time that have not reached the waiting queue yet."""

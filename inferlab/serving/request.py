@@ -19,6 +19,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import torch
+
 from inferlab.serving.block_manager import BlockTable, blocks_for
 
 
@@ -47,6 +49,8 @@ class Request:
 
     Generation also ends at any token of ``eos_token_ids`` (that token is returned, as the last
     one). The prompt may be a list, a tuple, a NumPy array or a torch tensor of integers.
+    ``temperature`` 0 samples greedily (the default); above 0 the runner samples from the
+    softmax of logits / temperature, with a generator seeded by ``seed`` (random if None).
     """
 
     prompt: tuple[int, ...]
@@ -54,6 +58,8 @@ class Request:
     arrival_s: float = 0.0
     request_id: object = None
     eos_token_ids: tuple[int, ...] = ()
+    temperature: float = 0.0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _token_ids(self.prompt))
@@ -91,6 +97,9 @@ def validate_request(request: Request, config, num_blocks: int | None = None,
         raise InvalidRequestError(f"{len(p)} prompt tokens + {n} new tokens exceed the model's "
                                   f"context of {config.max_seq_len}; lower max_new_tokens to at "
                                   f"most {config.max_seq_len - len(p) + 1}")
+    t = request.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise InvalidRequestError(f"temperature must be a finite number >= 0, got {t!r}")
     if not (isinstance(request.arrival_s, (int, float)) and math.isfinite(request.arrival_s)
             and request.arrival_s >= 0):
         raise InvalidRequestError(f"arrival_s must be a finite time >= 0, got {request.arrival_s!r}")
@@ -122,12 +131,24 @@ class Sequence:
     eos_token_ids: frozenset[int] = frozenset()
     held: bool = False  # kept in the batch once done (static batching's padding rows)
     num_computed: int = 0  # leading tokens whose K/V the cache holds (0 after a preemption)
+    temperature: float = 0.0  # 0: greedy
+    generator: torch.Generator | None = None  # its own random stream when temperature > 0
 
     @classmethod
-    def of(cls, seq_id: int, request: Request) -> "Sequence":
-        """The sequence that serves ``request``."""
-        return cls(seq_id, request.prompt, request.max_new_tokens, request.arrival_s,
-                   eos_token_ids=frozenset(request.eos_token_ids))
+    def of(cls, seq_id: int, request: Request, arrival_s: float | None = None) -> "Sequence":
+        """The sequence that serves ``request`` (arriving at ``arrival_s``, default the
+        request's own)."""
+        generator = None
+        if request.temperature > 0:
+            generator = torch.Generator()
+            if request.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(request.seed)
+        return cls(seq_id, request.prompt, request.max_new_tokens,
+                   request.arrival_s if arrival_s is None else arrival_s,
+                   eos_token_ids=frozenset(request.eos_token_ids),
+                   temperature=float(request.temperature), generator=generator)
 
     @property
     def order(self) -> tuple[float, int]:

@@ -2,7 +2,7 @@
 
 nano-vllm's ``ModelRunner`` reads the scheduled sequences, builds the step's inputs from Python
 lists (``prepare_prefill``, ``prepare_decode``), runs the model and samples. This one does the
-same, greedily. Each forward's inputs (token ids and positions) and its attention metadata
+same, greedily unless a request asks for a temperature. Each forward's inputs (token ids and positions) and its attention metadata
 (slots, block tables, context lengths: ``inferlab.serving.paged_cache.prepare``) are built
 once, reach the device in one copy, and are bound to the cache for every layer to read.
 
@@ -24,8 +24,21 @@ from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Sequence
 
 
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """One token per row of ``logits`` (n, V): the argmax, or for a sequence with a temperature
+    a draw from softmax(logits / temperature) with its own generator (on the CPU, so that a
+    seed gives the same tokens on every device)."""
+    tokens = logits.argmax(-1).tolist()
+    for i, seq in enumerate(seqs):
+        if seq.temperature > 0:
+            probs = torch.softmax(logits[i].float().cpu() / seq.temperature, dim=-1)  # (V,)
+            tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
+    return tokens
+
+
 class ModelRunner:
-    """Runs prefills and decode batches on ``model`` over ``cache``; greedy sampling."""
+    """Runs prefills and decode batches on ``model`` over ``cache``; greedy sampling unless a
+    sequence asks for a temperature (``sample``)."""
 
     def __init__(self, model, cache: PagedKVCache):
         self.model, self.cache = model, cache
@@ -61,13 +74,13 @@ class ModelRunner:
     def prefill(self, seq: Sequence) -> int:
         ids, positions = self.prepare_prefill(seq)
         logits = self.model(ids, positions, self.cache, last_only=True)[:, -1]  # (1, V)
-        return int(logits.argmax(-1))
+        return sample(logits, [seq])[0]
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[int]:
         ids, positions = self.prepare_decode(seqs)
         logits = self.model(ids, positions, self.cache)[:, -1]  # (n, V)
-        return logits.argmax(-1).tolist()
+        return sample(logits, seqs)
 
     @torch.inference_mode()
     def forward(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[int]:
@@ -78,4 +91,4 @@ class ModelRunner:
             return self.decode(decodes)  # decodes only: the (n, 1) path
         ids, positions, last = self.prepare_forward([(s, 1) for s in decodes] + chunks)
         logits = self.model(ids, positions, self.cache, logits_at=last)[0]  # (rows, V)
-        return logits.argmax(-1).tolist()
+        return sample(logits, [*decodes, *(s for s, _ in chunks)])

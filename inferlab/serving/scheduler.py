@@ -17,8 +17,8 @@ Read in this order:
 
 - ``Step``: what one forward pass will run: prefills, decodes, and who was preempted.
 - ``Scheduler``: the waiting and running queues and the only actions that change a sequence
-  (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``), each with the
-  check a policy asks first (``can_admit``, ``can_append``). The model runner only reads
+  (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``, ``abort``), each
+  with the check a policy asks first (``can_admit``, ``can_append``). The model runner only reads
   sequences.
 - ``continuous_policy`` and ``static_policy``: the two decisions Chapter 4 compares, written
   with those actions. A policy is a function ``policy(scheduler, now) -> Step``.
@@ -237,6 +237,19 @@ class Scheduler:
         self._num_held -= seq.held
         seq.table, seq.status, seq.held = None, Status.FINISHED, False
         self.finished.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Take ``seq`` out, waiting or running, and free its memory now (its client left)."""
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is Status.RUNNING:
+            seq.table.free()
+            self.running.remove(seq)
+            self._num_held -= seq.held
+            seq.table, seq.held = None, False
+        else:
+            raise SchedulingError(f"abort: {seq!r} has already finished")
+        seq.status = Status.FINISHED  # but not in ``finished``: it completed nothing
 
     def schedule(self, now: float = 0.0) -> Step:
         """Ask the policy for the next step and check that it kept the rules."""

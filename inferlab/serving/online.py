@@ -1,0 +1,243 @@
+"""The engine online: requests arrive while it runs, and each one's tokens stream back.
+
+``serve`` (``inferlab.serving.engine``) knows every request before it starts. A server does
+not: a client may send a request at any moment, read its tokens one at a time as they are
+produced, and hang up halfway. ``OnlineEngine`` runs the same ``Server`` loop
+(``inferlab.serving.loop``) on a background thread, so the scheduler, the runner and the
+paged cache are exactly the offline engine's:
+
+- ``submit(request)`` hands it a request from any thread and returns a ``Stream`` at once;
+  the loop lets the request in before its next step, stamped with the time it arrived.
+- After every step the loop pushes each sequence's new tokens into its ``Stream``, and a last
+  ``Finished`` event (the finish reason and the engine's own ``RequestTiming``) when it is done.
+  A ``Stream`` is read by blocking iteration (``for token in stream``) or, from asyncio, by
+  ``async for`` once made with ``loop=`` (the tokens then cross threads with
+  ``call_soon_threadsafe``: the engine never waits for a slow reader).
+- ``abort(stream)`` (the client went away, or a stop string matched) takes the sequence out at
+  the next step boundary through ``Server.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
+- ``shutdown(drain=True)`` refuses new requests, lets those in flight finish, and stops the
+  thread.
+
+vLLM's ``AsyncLLMEngine`` (Kwon et al. 2023) has the same shape: a background loop stepping the
+engine and a per-request output queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from dataclasses import dataclass, replace
+
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.loop import Server, WallClock
+from inferlab.serving.metrics import RequestTiming
+from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.request import Request, Sequence, validate_request
+from inferlab.serving.runner import ModelRunner
+from inferlab.serving.scheduler import Scheduler
+
+
+class EngineClosedError(RuntimeError):
+    """The engine is draining or stopped and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a stream: why it ended and the engine's own timing of it."""
+
+    reason: str                  # "stop", "length" or "abort"
+    timing: RequestTiming | None  # None when aborted before its first token
+    num_preemptions: int = 0
+
+
+class Stream:
+    """One request's tokens as the engine produces them, then one ``Finished``.
+
+    Iterate it (blocking) for the token ids, or ``async for`` when made with ``loop=``.
+    ``tokens`` and ``finished`` hold what has arrived so far.
+    """
+
+    def __init__(self, request: Request, seq_id: int, loop: asyncio.AbstractEventLoop | None):
+        self.request, self.seq_id, self.loop = request, seq_id, loop
+        self.tokens: list[int] = []
+        self.num_sent = 0  # tokens the engine has pushed (its thread's count)
+        self.finished: Finished | None = None
+        self._queue = asyncio.Queue() if loop is not None else queue.Queue()
+
+    def _push(self, item) -> None:  # called on the engine's thread
+        if self.loop is None:
+            self._queue.put(item)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _take(self, item):
+        if isinstance(item, Finished):
+            self.finished = item
+            return None
+        self.tokens.append(item)
+        return item
+
+    def __iter__(self):
+        if self.loop is not None:
+            raise TypeError("this stream belongs to an asyncio loop: use `async for`")
+        while self.finished is None:
+            token = self._take(self._queue.get())
+            if token is not None:
+                yield token
+
+    async def __aiter__(self):
+        if self.loop is None:
+            raise TypeError("this stream was made without loop=: iterate it with `for`")
+        while self.finished is None:
+            token = self._take(await self._queue.get())
+            if token is not None:
+                yield token
+
+    def result(self) -> list[int]:
+        """Block until the request is done; its tokens (threads only)."""
+        for _ in self:
+            pass
+        return self.tokens
+
+
+class OnlineEngine:
+    """A model and its paged cache, served by a background loop; ``submit`` from any thread.
+
+    ``config.num_blocks`` must be set (the pool is the server's, sized once). ``eos_token_ids``
+    end every request that does not bring its own.
+    """
+
+    def __init__(self, model, config: ServingConfig, eos_token_ids: tuple[int, ...] = ()):
+        if config.num_blocks is None:
+            raise ValueError("OnlineEngine needs config.num_blocks: the pool is sized once")
+        self.model, self.config = model, config
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.cache = PagedKVCache.for_model(model, config)
+        self.scheduler = Scheduler(config, self.cache.memory)
+        self.clock = WallClock()
+        self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock)
+        self.num_steps = 0
+        self._ids = itertools.count()
+        self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
+        self._aborts: list[Stream] = []
+        self._live: dict[int, tuple[Sequence, Stream]] = {}
+        self._lock = threading.Condition()
+        self._closed = self._stop = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="inferlab-engine", daemon=True)
+        self._thread.start()
+
+    # -- what clients call, from any thread ------------------------------------------------
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """Queue ``request`` (validated here: ``InvalidRequestError`` if it can never run)."""
+        if not request.eos_token_ids and self.eos_token_ids:
+            request = replace(request, eos_token_ids=self.eos_token_ids)
+        validate_request(request, self.model.config, self.config.num_blocks,
+                         self.config.block_size)
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the engine is shutting down and takes no new requests")
+            stream = Stream(request, next(self._ids), loop)
+            self._inbox.append(stream)
+            self._lock.notify()
+        return stream
+
+    def abort(self, stream: Stream) -> None:
+        """Stop ``stream``'s request; its blocks are freed before the next step."""
+        with self._lock:
+            if stream.finished is None:
+                self._aborts.append(stream)
+                self._lock.notify()
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued: submitted and not yet running (the queue an operator watches)."""
+        return len(self._inbox) + len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.cache.num_blocks - self.cache.memory.num_free
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def idle(self) -> bool:
+        """Nothing queued, running or in the inbox."""
+        with self._lock:
+            return not self._inbox and not self._live
+
+    def shutdown(self, drain: bool = True, timeout: float | None = 30.0) -> None:
+        """Take no new requests; finish those in flight (``drain``) or abort them; stop."""
+        with self._lock:
+            self._closed = True
+            if not drain:
+                self._aborts.extend(s for _, s in self._live.values())
+                self._aborts.extend(self._inbox)
+            self._stop = True
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # -- the loop, on its own thread -------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not (self._inbox or self._aborts or self._live or self._stop):
+                        self._lock.wait()
+                    if self._stop and not (self._inbox or self._aborts or self._live):
+                        return
+                    inbox, self._inbox = self._inbox, []
+                    aborts, self._aborts = self._aborts, []
+                for stream in inbox:
+                    self._admit(stream)
+                for stream in aborts:
+                    self._abort(stream)
+                if not self.server.done:
+                    self.server.step()
+                    self.num_steps += 1
+                    self._deliver()
+        except BaseException as error:  # a crashed loop ends every stream instead of hanging them
+            self.error = error
+            with self._lock:
+                self._closed = True
+                for _, stream in list(self._live.values()) + self._inbox:
+                    stream._push(Finished("error", None))
+            raise
+
+    def _admit(self, stream: Stream) -> None:
+        now = self.clock.now()
+        seq = Sequence.of(stream.seq_id, stream.request, arrival_s=now)
+        self.server.submit(seq, now)
+        self._live[seq.seq_id] = (seq, stream)
+
+    def _abort(self, stream: Stream) -> None:
+        entry = self._live.pop(stream.seq_id, None)
+        if entry is None:  # it finished before the abort came
+            return
+        seq = entry[0]
+        self.server.withdraw(seq)
+        stream._push(Finished("abort", self._timing(seq), seq.num_preemptions))
+        self.server.stamps.pop(seq.seq_id, None)
+
+    def _timing(self, seq: Sequence) -> RequestTiming | None:
+        stamps = self.server.stamps.get(seq.seq_id, [])
+        return RequestTiming(seq.arrival_s, tuple(stamps)) if stamps else None
+
+    def _deliver(self) -> None:
+        """Push every live sequence's new tokens; end the streams of finished ones."""
+        for seq_id, (seq, stream) in list(self._live.items()):
+            for token in seq.output[stream.num_sent:]:
+                stream._push(token)
+            stream.num_sent = len(seq.output)
+            if seq.is_done and not seq.held:
+                del self._live[seq_id]
+                stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
+                self.server.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
+        self.scheduler.finished.clear()

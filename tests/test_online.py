@@ -1,0 +1,117 @@
+"""The online engine: requests submitted while it runs stream the tokens offline serve gives;
+an abort frees its blocks; temperature sampling is seeded; shutdown drains."""
+
+import asyncio
+import threading
+from functools import lru_cache
+
+import pytest
+import torch
+
+from inferlab.model.config import ModelConfig
+from inferlab.model.llama import build_model
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import serve
+from inferlab.serving.online import EngineClosedError, OnlineEngine
+from inferlab.serving.request import InvalidRequestError, Request
+
+CONFIG = ServingConfig(num_blocks=64, max_batch=8)
+
+
+@lru_cache(maxsize=None)
+def model():
+    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
+    return build_model(config, seed=0)
+
+
+def requests(n, seed=0, max_new=12):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 40, (n,), generator=g).tolist()
+    return [Request(tuple(torch.randint(1, 500, (k,), generator=g).tolist()), max_new,
+                    eos_token_ids=(7,)) for k in lens]
+
+
+@pytest.fixture
+def engine():
+    eng = OnlineEngine(model(), CONFIG)
+    yield eng
+    eng.shutdown(drain=False)
+    assert not eng._thread.is_alive()
+
+
+def test_streams_equal_offline_serve_while_requests_keep_arriving(engine):
+    reqs = requests(16)
+    offline = serve(model(), reqs, CONFIG)
+    streams = []
+    for i, r in enumerate(reqs):  # submitted a few at a time while the loop runs
+        streams.append(engine.submit(r))
+        if i % 6 == 5:
+            streams[-1].result()
+    for s, res in zip(streams, offline.results):
+        assert s.result() == list(res.tokens)
+        assert s.finished.reason == res.finish_reason
+        assert len(s.finished.timing.token_times_s) == len(res.tokens)
+    assert engine.blocks_in_use == 0 and engine.idle()
+
+
+def test_abort_frees_blocks_at_once_and_others_continue(engine):
+    long, other = requests(2, seed=1, max_new=80)
+    a, b = engine.submit(long), engine.submit(other)
+    it = iter(a)
+    next(it), next(it)
+    engine.abort(a)
+    list(it)  # the tokens of steps that ran before the abort was seen, then the end
+    assert len(a.tokens) < 80
+    assert a.finished.reason == "abort"
+    assert b.result() == list(serve(model(), [other], CONFIG).results[0].tokens)
+    assert engine.blocks_in_use == 0
+
+
+def test_abort_of_a_request_still_waiting(engine):
+    reqs = requests(12, seed=2, max_new=30)
+    streams = [engine.submit(r) for r in reqs]
+    engine.abort(streams[-1])  # max_batch is 8: the last cannot be running yet
+    for s in streams:
+        s.result()
+    assert streams[-1].finished.reason == "abort" and streams[-1].tokens == []
+    assert engine.blocks_in_use == 0
+
+
+def test_async_streams(engine):
+    reqs = requests(6, seed=3)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        async def one(r):
+            return [t async for t in engine.submit(r, loop=loop)]
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    got = asyncio.run(main())
+    assert got == [list(r.tokens) for r in serve(model(), reqs, CONFIG).results]
+
+
+def test_temperature_sampling_is_seeded_and_differs_from_greedy(engine):
+    r = requests(1, seed=4, max_new=20)[0]
+    hot = Request(r.prompt, 20, temperature=1.5, seed=11)
+    first, second = engine.submit(hot).result(), engine.submit(hot).result()
+    assert first == second
+    assert first != engine.submit(r).result()
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        engine.submit(Request(r.prompt, 4, temperature=-1.0))
+
+
+def test_invalid_requests_are_refused_on_submit(engine):
+    with pytest.raises(InvalidRequestError, match="context"):
+        engine.submit(Request(tuple(range(1, 200)), 4))
+
+
+def test_shutdown_drains_then_refuses():
+    eng = OnlineEngine(model(), CONFIG)
+    streams = [eng.submit(r) for r in requests(6, seed=5)]
+    eng.shutdown(drain=True)
+    assert all(s.result() and s.finished.reason in ("stop", "length") for s in streams)
+    with pytest.raises(EngineClosedError):
+        eng.submit(requests(1)[0])
+    assert not eng._thread.is_alive()
+    assert "inferlab-engine" not in [t.name for t in threading.enumerate()]
