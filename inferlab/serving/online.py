@@ -15,6 +15,8 @@ paged cache are exactly the offline engine's:
   ``call_soon_threadsafe``: the engine never waits for a slow reader).
 - ``abort(stream)`` (the client went away, or a stop string matched) takes the sequence out at
   the next step boundary through ``Server.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
+- ``prefix_cache=True`` admits through ``PrefixCachingBlockManager``: a prompt that starts with
+  blocks cached earlier (under the same ``cache_salt``) skips their prefill.
 - ``shutdown(drain=True)`` refuses new requests, lets those in flight finish, and stops the
   thread.
 
@@ -28,12 +30,15 @@ import asyncio
 import itertools
 import queue
 import threading
+import time
 from dataclasses import dataclass, replace
 
+from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Server, WallClock
 from inferlab.serving.metrics import RequestTiming
 from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.prefix_cache import PrefixCachingBlockManager
 from inferlab.serving.request import Request, Sequence, validate_request
 from inferlab.serving.runner import ModelRunner
 from inferlab.serving.scheduler import Scheduler
@@ -109,12 +114,17 @@ class OnlineEngine:
     end every request that does not bring its own.
     """
 
-    def __init__(self, model, config: ServingConfig, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, model, config: ServingConfig, eos_token_ids: tuple[int, ...] = (),
+                 prefix_cache: bool = False):
         if config.num_blocks is None:
             raise ValueError("OnlineEngine needs config.num_blocks: the pool is sized once")
+        if prefix_cache and not config.chunked:
+            raise ValueError("prefix caching needs chunked prefill (config.token_budget and "
+                             "policy='chunked'): a prompt then starts after its cached blocks")
         self.model, self.config = model, config
         self.eos_token_ids = tuple(eos_token_ids)
-        self.cache = PagedKVCache.for_model(model, config)
+        self.cache = PagedKVCache.for_model(
+            model, config, memory_class=PrefixCachingBlockManager if prefix_cache else BlockManager)
         self.scheduler = Scheduler(config, self.cache.memory)
         self.clock = WallClock()
         self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock)
@@ -161,8 +171,14 @@ class OnlineEngine:
         return len(self.scheduler.running)
 
     @property
+    def blocks_cached(self) -> int:
+        """Blocks that only the prefix cache holds (0 without prefix caching)."""
+        return getattr(self.cache.memory, "num_cached_only", 0)
+
+    @property
     def blocks_in_use(self) -> int:
-        return self.cache.num_blocks - self.cache.memory.num_free
+        """Blocks that requests hold (the prefix cache's own references not counted)."""
+        return self.cache.num_blocks - self.cache.memory.num_free - self.blocks_cached
 
     @property
     def alive(self) -> bool:
@@ -172,6 +188,13 @@ class OnlineEngine:
         """Nothing queued, running or in the inbox."""
         with self._lock:
             return not self._inbox and not self._live
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until ``idle()`` (aborts take effect at the next step boundary); whether it is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.idle() and time.monotonic() < deadline and self.alive:
+            time.sleep(0.002)
+        return self.idle()
 
     def shutdown(self, drain: bool = True, timeout: float | None = 30.0) -> None:
         """Take no new requests; finish those in flight (``drain``) or abort them; stop."""

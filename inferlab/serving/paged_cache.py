@@ -154,13 +154,15 @@ class PagedKVCache:
         self.use_triton = use_triton
 
     @classmethod
-    def for_model(cls, model, config, use_triton: bool | None = None) -> "PagedKVCache":
+    def for_model(cls, model, config, use_triton: bool | None = None,
+                  memory_class=BlockManager) -> "PagedKVCache":
         """A pool shaped for ``model`` (an ``inferlab.model.llama.Llama``) with the blocks of
-        ``config`` (a ``ServingConfig``), in the model's dtype and on its device."""
+        ``config`` (a ``ServingConfig``), in the model's dtype and on its device, managed by a
+        ``memory_class`` (a ``BlockManager``, or the prefix-caching one)."""
         if config.num_blocks is None:
             raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
-        memory = BlockManager(config.num_blocks, config.block_size, config.watermark)
+        memory = memory_class(config.num_blocks, config.block_size, config.watermark)
         return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
                    use_triton, c.n_heads)
 

@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable
 
 
-def block_hashes(tokens, block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``tokens``: hash i covers tokens 0..(i+1)*size-1."""
-    hashes, parent = [], None
+def block_hashes(tokens, block_size: int, salt: str | None = None) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens``: hash i covers tokens 0..(i+1)*size-1.
+
+    A ``salt`` starts the chain from a value of its own, so that the same tokens under two
+    salts never match (vLLM's ``cache_salt``: one namespace per tenant).
+    """
+    hashes, parent = [], None if salt is None else hash(("salt", salt))
     for i in range(len(tokens) // block_size):
         parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
         hashes.append(parent)
@@ -44,7 +48,12 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def allocate_prompt(self, tokens) -> tuple[BlockTable, int]:
+    def _hashes(self, tokens, salt):
+        if salt is None:
+            return self.hash_fn(tokens, self.block_size)
+        return self.hash_fn(tokens, self.block_size, salt)
+
+    def allocate_prompt(self, tokens, salt: str | None = None) -> tuple[BlockTable, int]:
         """A block table for the prompt ``tokens``, reusing cached blocks of its prefix.
 
         Returns the table (room for every prompt token) and how many leading tokens are already
@@ -52,7 +61,7 @@ class PrefixCache:
         the first output token), so a fully cached prompt still prefills one token.
         """
         table = BlockTable(self.allocator, self.block_size)
-        hashes = self.hash_fn(tokens[:len(tokens) - 1], self.block_size)
+        hashes = self._hashes(tokens[:len(tokens) - 1], salt)
         self.lookups += len(hashes)  # every full block counts; those after a miss miss too
         for h in hashes:
             block = self._blocks.get(h)
@@ -73,9 +82,9 @@ class PrefixCache:
             raise
         return table, cached
 
-    def insert(self, table: BlockTable, tokens) -> None:
+    def insert(self, table: BlockTable, tokens, salt: str | None = None) -> None:
         """Remember the full blocks of ``table`` (holding ``tokens``) once their K/V are written."""
-        for h, block in zip(self.hash_fn(tokens, self.block_size), table.blocks):
+        for h, block in zip(self._hashes(tokens, salt), table.blocks):
             if h not in self._blocks:
                 self._blocks[h] = self.allocator.fork(block)  # the cache's own reference
 
@@ -91,9 +100,50 @@ class PrefixCache:
         return freed
 
     @property
+    def num_evictable(self) -> int:
+        """Cached blocks that only the cache holds: free for the taking."""
+        return sum(self.allocator.refcount(b) == 1 for b in self._blocks.values())
+
+    @property
     def hit_rate(self) -> float:
         """Full prompt blocks found in the cache over all full prompt blocks asked for."""
         return self.hits / self.lookups if self.lookups else 0.0
+
+
+class PrefixCachingBlockManager(BlockManager):
+    """A ``BlockManager`` whose admissions reuse cached prefix blocks (the engine's memory when
+    prefix caching is on; it needs chunked prefill, which can start a prompt mid-way).
+
+    The scheduler admits a sequence with ``allocate_sequence`` (its table, and how many leading
+    tokens are cached already: the sequence's ``num_computed`` starts there), calls
+    ``remember`` once a prefill has written its blocks, and ``make_room`` before it would
+    preempt for want of a block: blocks only the cache holds count as free.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, watermark)
+        self.cache = PrefixCache(self.allocator, block_size)
+
+    @property
+    def num_cached_only(self) -> int:
+        return self.cache.num_evictable
+
+    def can_allocate(self, tokens: int, longest: int) -> bool:
+        free = self.allocator.num_free + self.cache.num_evictable
+        return free >= self.blocks_for(tokens) + self.watermark_blocks
+
+    def allocate_sequence(self, seq) -> tuple[BlockTable, int]:
+        return self.cache.allocate_prompt(seq.tokens, seq.cache_salt)
+
+    def remember(self, seq) -> None:
+        self.cache.insert(seq.table, seq.tokens[:seq.num_computed], seq.cache_salt)
+
+    def make_room(self, n_blocks: int) -> bool:
+        """Evict cached blocks until ``n_blocks`` are free, if that many can be."""
+        short = n_blocks - self.allocator.num_free
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.num_free >= n_blocks
 
 
 def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: int = 1,

@@ -51,6 +51,8 @@ class Request:
     one). The prompt may be a list, a tuple, a NumPy array or a torch tensor of integers.
     ``temperature`` 0 samples greedily (the default); above 0 the runner samples from the
     softmax of logits / temperature, with a generator seeded by ``seed`` (random if None).
+    ``cache_salt`` names the prefix-cache namespace the request may share blocks in (None: the
+    shared one; a server sets it per tenant).
     """
 
     prompt: tuple[int, ...]
@@ -60,6 +62,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     temperature: float = 0.0
     seed: int | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _token_ids(self.prompt))
@@ -133,6 +136,7 @@ class Sequence:
     num_computed: int = 0  # leading tokens whose K/V the cache holds (0 after a preemption)
     temperature: float = 0.0  # 0: greedy
     generator: torch.Generator | None = None  # its own random stream when temperature > 0
+    cache_salt: str | None = None  # its prefix-cache namespace (None: shared)
 
     @classmethod
     def of(cls, seq_id: int, request: Request, arrival_s: float | None = None) -> "Sequence":
@@ -148,7 +152,8 @@ class Sequence:
         return cls(seq_id, request.prompt, request.max_new_tokens,
                    request.arrival_s if arrival_s is None else arrival_s,
                    eos_token_ids=frozenset(request.eos_token_ids),
-                   temperature=float(request.temperature), generator=generator)
+                   temperature=float(request.temperature), generator=generator,
+                   cache_salt=request.cache_salt)
 
     @property
     def order(self) -> tuple[float, int]:

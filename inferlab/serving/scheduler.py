@@ -158,8 +158,12 @@ class Scheduler:
                 and self.memory.can_allocate(seq.num_tokens, seq.max_tokens))
 
     def can_append(self, seq: Sequence) -> bool:
-        """Whether a running ``seq`` can get one more token slot (a new block if it needs one)."""
-        return seq.table.can_append(1)
+        """Whether a running ``seq`` can get one more token slot (a new block if it needs one);
+        a prefix-caching memory may evict cached blocks to make the room."""
+        if seq.table.can_append(1):
+            return True
+        make_room = getattr(self.memory, "make_room", None)
+        return make_room is not None and make_room(seq.table.blocks_needed(1))
 
     def is_prefilling(self, seq: Sequence) -> bool:
         """Whether a running ``seq`` still has prompt tokens to compute (a chunked prompt):
@@ -196,9 +200,13 @@ class Scheduler:
         if len(self.running) >= self.max_batch:
             raise SchedulingError(f"admit: the batch is full ({self.max_batch} running)")
         # raises OutOfBlocksError, changing nothing, if there is no room
-        table = self.memory.allocate(seq.num_tokens, seq.max_tokens)
+        cached = 0
+        if hasattr(self.memory, "allocate_sequence"):  # prefix caching: reuse cached blocks
+            table, cached = self.memory.allocate_sequence(seq)
+        else:
+            table = self.memory.allocate(seq.num_tokens, seq.max_tokens)
         self.waiting.remove(seq)
-        seq.table, seq.status = table, Status.RUNNING
+        seq.table, seq.status, seq.num_computed = table, Status.RUNNING, cached
         _insert(self.running, seq)
 
     def append_slot(self, seq: Sequence) -> None:
@@ -271,6 +279,8 @@ class Scheduler:
                 continue
             seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
+            if seq in step.prefills and hasattr(self.memory, "remember"):
+                self.memory.remember(seq)  # its prompt's full blocks, for later requests
             if seq.is_done:
                 done.append(seq)
                 if not seq.held:

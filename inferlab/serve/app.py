@@ -1,0 +1,253 @@
+"""The FastAPI application: the OpenAI Completions API over an ``OnlineEngine``.
+
+``create_app(engine, tokenizer, model_name)`` returns an ASGI app (run it with uvicorn, as
+``python -m inferlab.serve`` does, or on a local port with ``inferlab.serve.background``):
+
+- ``POST /v1/completions``: validates the body (``inferlab.serve.protocol``), maps the API key
+  to a tenant (``inferlab.serve.tenants``), tokenizes, submits to the engine and answers with
+  one completion, or with Server-Sent Events (sse-starlette), one chunk per token as the engine
+  produces it. Text is detokenized incrementally (``Detokenizer``), holding back what may be the
+  start of a stop string or a character split across tokens. A stop string ends the request
+  with an abort, which frees its blocks at once; so does a client that hangs up mid-stream.
+- Overload: with ``max_waiting`` requests already queued the server answers 429 with
+  ``Retry-After`` rather than queueing without bound; while it drains or if the engine loop
+  died, 503.
+- ``GET /v1/models``, ``GET /health`` (200, or 503 while draining), ``GET /metrics``
+  (Prometheus text, ``inferlab.serve.metrics``).
+- Shutdown (uvicorn's, on SIGTERM or ``should_exit``) stops accepting, lets the open requests
+  finish, then the lifespan hook drains and stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferlab.serve.metrics import ServerMetrics
+from inferlab.serve.protocol import (CompletionRequest, completion, completion_id, error_body,
+                                     model_list, single_prompt, usage)
+from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
+from inferlab.serving.online import EngineClosedError
+from inferlab.serving.request import InvalidRequestError
+from inferlab.serving.request import Request as EngineRequest
+
+RETRY_AFTER_S = 1  # what 429 and 503 tell a client to wait before trying again
+
+
+class APIError(Exception):
+    """An OpenAI-style error answer."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, retry: bool = False):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, param, code)
+        self.headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body, self.status, headers=self.headers)
+
+
+class Detokenizer:
+    """Token ids in, text deltas out, cut at the first stop string.
+
+    The text so far is decoded whole each time (byte-level BPE may split a character across
+    tokens, shown as U+FFFD until its last byte arrives), and a tail that could still grow into a
+    stop string is held back until it cannot.
+    """
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.text = ""       # emitted so far
+        self.stopped = False  # a stop string matched
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        full = self.tokenizer.decode(self.ids)
+        cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            full, self.stopped, final = full[:cut], True, True
+        end = len(full)
+        if not final:
+            if full.endswith("\ufffd"):
+                return ""
+            for s in self.stops:  # the longest tail that is a proper start of a stop string
+                for k in range(min(len(s) - 1, len(full)), 0, -1):
+                    if full.endswith(s[:k]):
+                        end = min(end, len(full) - k)
+                        break
+        delta = full[len(self.text):end] if end > len(self.text) else ""
+        self.text += delta
+        return delta
+
+
+def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
+               tenants: Tenants | None = None, drain_timeout_s: float = 30.0) -> FastAPI:
+    """An app serving ``engine`` (an ``OnlineEngine``) as ``model_name``."""
+    tenants = tenants or Tenants()
+    metrics = ServerMetrics(engine)
+    created = int(time.time())
+    eos = tokenizer.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        app.state.draining = True
+        await asyncio.to_thread(engine.shutdown, True, drain_timeout_s)
+
+    app = FastAPI(title="inferlab", lifespan=lifespan)
+    app.state.draining = False
+    app.state.engine, app.state.metrics, app.state.tenants = engine, metrics, tenants
+    app.state.records = deque(maxlen=100_000)  # the engine's own timing of each request
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+
+    def parse(body: bytes) -> CompletionRequest:
+        try:
+            data = json.loads(body)
+        except ValueError as e:
+            raise APIError(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object")
+        try:
+            return CompletionRequest.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            raise APIError(400, f"{param}: {err['msg']}", param=param) from None
+
+    def engine_request(req: CompletionRequest, tenant: str) -> EngineRequest:
+        try:
+            prompt = single_prompt(req.prompt)
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return EngineRequest(tuple(ids), req.max_tokens, eos_token_ids=eos_ids,
+                             temperature=req.temperature, seed=req.seed,
+                             cache_salt=tenants.cache_salt(tenant))
+
+    def finish(cid, tenant, stream, detok, reason_if_aborted):
+        """The finish reason, and the record of the engine's timing."""
+        fin = stream.finished
+        reason = "stop" if detok.stopped else fin.reason if fin else reason_if_aborted
+        timing = fin.timing if fin else None
+        metrics.finished(tenant, reason, timing)
+        if timing is not None:
+            app.state.records.append({"id": cid, "tenant": tenant, "reason": reason,
+                                      "arrival_s": timing.arrival_s,
+                                      "token_times_s": timing.token_times_s})
+        return reason
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse(await request.body())
+        if req.model != model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
+                           f"{model_name!r}", param="model", code="model_not_found")
+        try:
+            tenant = tenants.tenant_of(request.headers.get("authorization"))
+        except UnknownKeyError as e:
+            raise APIError(401, str(e), code="invalid_api_key") from None
+        if app.state.draining or not engine.alive:
+            raise APIError(503, "the server is shutting down", "server_error", retry=True)
+        if engine.num_waiting >= max_waiting:
+            metrics.rejected(tenant)
+            raise APIError(429, f"{engine.num_waiting} requests are queued already; retry "
+                           "later", "rate_limit_error", retry=True)
+        er = engine_request(req, tenant)
+        try:
+            tenants.acquire(tenant)
+        except TenantLimitError as e:
+            metrics.rejected(tenant)
+            raise APIError(429, str(e), "rate_limit_error", retry=True) from None
+        try:
+            stream = engine.submit(er, loop=asyncio.get_running_loop())
+        except InvalidRequestError as e:
+            tenants.release(tenant)
+            raise APIError(400, str(e), param="prompt") from None
+        except EngineClosedError as e:
+            tenants.release(tenant)
+            raise APIError(503, str(e), "server_error", retry=True) from None
+        cid, detok = completion_id(), Detokenizer(tokenizer, req.stops)
+        n_prompt = len(er.prompt)
+
+        if req.stream:
+            async def events():
+                reason = "abort"
+                try:
+                    async for token in stream:
+                        delta = detok.push(token)
+                        if delta:
+                            yield json.dumps(completion(cid, model_name, delta, None, None,
+                                                        created))
+                        if detok.stopped:
+                            break
+                    delta = detok.flush()
+                    reason = finish(cid, tenant, stream, detok, "stop")
+                    yield json.dumps(completion(cid, model_name, delta, reason,
+                                                usage(n_prompt, len(stream.tokens)), created))
+                    yield "[DONE]"
+                finally:
+                    if stream.finished is None:  # a stop string, or the client went away
+                        engine.abort(stream)
+                        if reason == "abort":
+                            metrics.finished(tenant, "abort", None)
+                    tenants.release(tenant)
+            return EventSourceResponse(events(), sep="\n")
+
+        try:
+            text = []
+            async for token in stream:
+                text.append(detok.push(token))
+                if detok.stopped:
+                    engine.abort(stream)
+                    break
+            text.append(detok.flush())
+            reason = finish(cid, tenant, stream, detok, "stop")
+        finally:
+            if stream.finished is None and not detok.stopped:
+                engine.abort(stream)
+            tenants.release(tenant)
+        return completion(cid, model_name, "".join(text), reason,
+                          usage(n_prompt, len(stream.tokens)), created)
+
+    @app.get("/v1/models")
+    async def models():
+        return model_list([model_name], created)
+
+    @app.get("/health")
+    async def health():
+        if app.state.draining or not engine.alive:
+            return JSONResponse({"status": "draining" if engine.alive else "dead"}, 503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
