@@ -6,9 +6,10 @@
 - ``POST /v1/completions``: validates the body (``inferlab.serve.protocol``), maps the API key
   to a tenant (``inferlab.serve.tenants``), tokenizes, submits to the engine and answers with
   one completion, or with Server-Sent Events (sse-starlette), one chunk per token as the engine
-  produces it. Text is detokenized incrementally (``Detokenizer``), holding back what may be the
-  start of a stop string or a character split across tokens. A stop string ends the request
-  with an abort, which frees its blocks at once; so does a client that hangs up mid-stream.
+  produces it. Text is detokenized incrementally (``Detokenizer``), holding back (an empty
+  chunk) what may be the start of a stop string or a character split across tokens. A stop
+  string ends the request with an abort, which frees its blocks at once; so does a client that
+  hangs up mid-stream.
 - Overload: with ``max_waiting`` requests already queued the server answers 429 with
   ``Retry-After`` rather than queueing without bound; while it drains or if the engine loop
   died, 503.
@@ -147,7 +148,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from None
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return EngineRequest(tuple(ids), req.max_tokens, eos_token_ids=eos_ids,
+        return EngineRequest(tuple(ids), req.max_tokens,
+                             eos_token_ids=() if req.ignore_eos else eos_ids,
                              temperature=req.temperature, seed=req.seed,
                              cache_salt=tenants.cache_salt(tenant))
 
@@ -165,6 +167,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        received = engine.clock.now()  # the request's arrival, for the engine's timing of it
         req = parse(await request.body())
         if req.model != model_name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
@@ -186,7 +189,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             metrics.rejected(tenant)
             raise APIError(429, str(e), "rate_limit_error", retry=True) from None
         try:
-            stream = engine.submit(er, loop=asyncio.get_running_loop())
+            stream = engine.submit(er, loop=asyncio.get_running_loop(), arrival_s=received)
         except InvalidRequestError as e:
             tenants.release(tenant)
             raise APIError(400, str(e), param="prompt") from None
@@ -202,11 +205,11 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                 try:
                     async for token in stream:
                         delta = detok.push(token)
-                        if delta:
-                            yield json.dumps(completion(cid, model_name, delta, None, None,
-                                                        created))
                         if detok.stopped:
                             break
+                        # a chunk per token, even when its text is held back (""), so that a
+                        # client's chunk times are token times
+                        yield json.dumps(completion(cid, model_name, delta, None, None, created))
                     delta = detok.flush()
                     reason = finish(cid, tenant, stream, detok, "stop")
                     yield json.dumps(completion(cid, model_name, delta, reason,

@@ -4,7 +4,8 @@ The bodies follow OpenAI's legacy Completions API, the one vLLM and SGLang also 
 official ``openai`` client and any load generator written for those engines work unchanged:
 ``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1),
 ``stop`` (a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per
-token, then ``data: [DONE]``), ``seed``. Fields the engine does not implement are accepted and
+token, then ``data: [DONE]``), ``seed``, and vLLM's ``ignore_eos`` (generate exactly
+``max_tokens``, as a load generator wants). Fields the engine does not implement are accepted and
 ignored when they ask for the default (``n=1``), refused otherwise.
 
 Errors carry OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
@@ -33,6 +34,7 @@ class CompletionRequest(BaseModel):
     seed: int | None = None
     n: int = Field(1, ge=1, le=1)  # one completion per request
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens (load generators use it)
 
     @field_validator("stop")
     @classmethod

@@ -67,6 +67,7 @@ class Stream:
     def __init__(self, request: Request, seq_id: int, loop: asyncio.AbstractEventLoop | None):
         self.request, self.seq_id, self.loop = request, seq_id, loop
         self.tokens: list[int] = []
+        self.arrival_s = 0.0  # on the engine's clock, set by submit
         self.num_sent = 0  # tokens the engine has pushed (its thread's count)
         self.finished: Finished | None = None
         self._queue = asyncio.Queue() if loop is not None else queue.Queue()
@@ -140,8 +141,14 @@ class OnlineEngine:
         self._thread.start()
 
     # -- what clients call, from any thread ------------------------------------------------
-    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
-        """Queue ``request`` (validated here: ``InvalidRequestError`` if it can never run)."""
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None,
+               arrival_s: float | None = None) -> Stream:
+        """Queue ``request`` (validated here: ``InvalidRequestError`` if it can never run).
+
+        ``arrival_s`` (on ``self.clock``; default: now) is when the request reached the server,
+        e.g. when an HTTP server received it, so that its TTFT counts the time before it got
+        here too.
+        """
         if not request.eos_token_ids and self.eos_token_ids:
             request = replace(request, eos_token_ids=self.eos_token_ids)
         validate_request(request, self.model.config, self.config.num_blocks,
@@ -150,6 +157,7 @@ class OnlineEngine:
             if self._closed:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")
             stream = Stream(request, next(self._ids), loop)
+            stream.arrival_s = self.clock.now() if arrival_s is None else arrival_s
             self._inbox.append(stream)
             self._lock.notify()
         return stream
@@ -235,9 +243,8 @@ class OnlineEngine:
             raise
 
     def _admit(self, stream: Stream) -> None:
-        now = self.clock.now()
-        seq = Sequence.of(stream.seq_id, stream.request, arrival_s=now)
-        self.server.submit(seq, now)
+        seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
+        self.server.submit(seq, self.clock.now())
         self._live[seq.seq_id] = (seq, stream)
 
     def _abort(self, stream: Stream) -> None:

@@ -1,0 +1,85 @@
+"""Chapter 4's metrics from a load's token times: the table, a JSON file, the plot.
+
+The token times a client saw make ``RequestTiming``s (arrival = when it sent the request), so
+TTFT, TPOT, end-to-end latency, throughput and goodput under an SLO come from
+``inferlab.serving.metrics.summarize``, the same code that summarises the engine's own runs
+and the simulator's. Inter-token latency (ITL) is every gap between two consecutive tokens of
+a request, pooled over requests: TPOT is a request's mean gap, ITL shows the stalls a mean
+hides. Several runs at different rates make the latency-throughput curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from inferlab.serving.metrics import SLO, Percentiles, RequestTiming, Summary, summarize
+
+
+def timings(outcomes) -> list[RequestTiming]:
+    """A ``RequestTiming`` per request that streamed at least one token."""
+    return [RequestTiming(o.sent_s, tuple(o.chunk_times_s)) for o in outcomes if o.ok]
+
+
+def inter_token_latencies(outcomes) -> list[float]:
+    return [b - a for o in outcomes if o.ok for a, b in zip(o.chunk_times_s, o.chunk_times_s[1:])]
+
+
+def report(outcomes, slo: SLO | None = None, rate: float | None = None) -> dict:
+    """A load's results: the summary, ITL, failures, as one flat dictionary (seconds)."""
+    summary = summarize(timings(outcomes), slo)
+    itl = Percentiles.of(inter_token_latencies(outcomes))
+    row = {"rate_req_s": rate, **summary.row(),
+           "itl_mean_s": itl.mean, "itl_p50_s": itl.p50, "itl_p95_s": itl.p95,
+           "itl_p99_s": itl.p99,
+           "failed": sum(not o.ok for o in outcomes),
+           "statuses": sorted({o.status for o in outcomes if o.status is not None})}
+    return row
+
+
+def table(row: dict) -> str:
+    """The Chapter 4 table of one run: each latency's mean and percentiles in ms, then rates."""
+    lines = [f"{'metric':<14}{'mean':>10}{'p50':>10}{'p95':>10}{'p99':>10}  (ms)"]
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"),
+                        ("latency", "E2E latency")):
+        vals = [row[f"{name}_{k}_s"] * 1e3 for k in ("mean", "p50", "p95", "p99")]
+        lines.append(f"{label:<14}" + "".join(f"{v:>10.1f}" for v in vals))
+    lines.append(f"requests {row['n_requests']} done, {row['failed']} failed; "
+                 f"{row['n_tokens']} tokens in {row['duration_s']:.2f} s")
+    lines.append(f"throughput {row['throughput_tok_s']:.1f} tok/s, "
+                 f"{row['request_rate']:.2f} req/s")
+    if "goodput_req_s" in row:
+        lines.append(f"goodput {row['goodput_req_s']:.2f} req/s ({row['slo_attainment']:.0%} "
+                     f"within TTFT <= {row['slo_ttft_s'] * 1e3:.0f} ms and TPOT <= "
+                     f"{row['slo_tpot_s'] * 1e3:.0f} ms)")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, rows: list[dict], meta: dict) -> None:
+    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+             for r in rows]
+    Path(path).write_text(json.dumps({"meta": meta, "runs": clean}, indent=2) + "\n")
+
+
+def plot(rows: list[dict], title: str = "", ax=None):
+    """Latency against throughput, one point per run (rate): p50 and p99 end-to-end latency,
+    and p50 TTFT."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    x = [r["throughput_tok_s"] for r in rows]
+    for key, label, style in (("latency_p50_s", "E2E p50", "o-"),
+                              ("latency_p99_s", "E2E p99", "s--"),
+                              ("ttft_p50_s", "TTFT p50", "^:")):
+        ax.plot(x, [r[key] for r in rows], style, label=label)
+    for r in rows:
+        if r.get("rate_req_s") is not None:
+            ax.annotate(f"{r['rate_req_s']:g}/s", (r["throughput_tok_s"], r["latency_p50_s"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("throughput (output tokens/s)")
+    ax.set_ylabel("latency (s)")
+    ax.set_title(title or "latency against throughput")
+    ax.legend()
+    return ax
