@@ -1,0 +1,41 @@
+"""The prefix-cache timing side channel: it works against a shared cache and falls to chance
+(no cross-tenant cache hit at all) when the cache is salted per tenant."""
+
+import pytest
+import torch
+
+from inferlab.loadgen.side_channel import run_attack, threshold
+from inferlab.serve.__main__ import build
+from inferlab.serve.background import BackgroundServer
+from inferlab.serve.tenants import Tenants
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_threshold_is_midway_between_medians():
+    assert threshold([1.0, 2.0, 9.0], [10.0, 12.0, 11.0]) == pytest.approx(6.5)
+
+
+@pytest.mark.parametrize("salted", [False, True])
+def test_attack_against_shared_and_salted_caches(salted):
+    app = build(max_batch=8, num_blocks=512, token_budget=512, prefix_cache=True,
+                tenants=Tenants({"kv": "victim", "ka": "attacker"}, salted=salted))
+    engine = app.state.engine
+    with BackgroundServer(app) as srv:
+        r = run_attack(srv.url, "course-target", "kv", "ka", trials=16, secret_len=384,
+                       calibration=3)
+        hits = engine.cache.memory.cache.hits
+    own = 3 * (384 // 16)  # the attacker's calibration probes hit its own blocks, salted or not
+    victim_sent = sum(r["sent"])
+    if salted:
+        assert hits == own  # not one block of a victim's secret reached the attacker
+    else:
+        assert hits == own + victim_sent * (384 // 16)
+        assert r["accuracy"] >= 0.75, r
+    assert r["hit_median_s"] < r["miss_median_s"]
