@@ -1,0 +1,80 @@
+"""Every Lab 9 check passes a correct answer, lends the reference to an unattempted one, and
+fails a planted bug with a message that names the call and gives a hint."""
+
+import statistics
+
+import pytest
+
+from inferlab.course.checks import CheckFailed, lab09
+from inferlab.serving.prefix_cache import block_hashes
+
+
+def stub(*args):
+    raise NotImplementedError("Exercise: write the body")
+
+
+def timing(sent, t, first=None, tpot_n=None, itl_first=False):
+    n = len(t) - 1 if tpot_n is None else tpot_n(len(t))
+    itl = [b - a for a, b in zip(t, t[1:])]
+    return {"ttft": t[0] - (sent if first is None else first(t)), "tpot": (t[-1] - t[0]) / n,
+            "e2e": t[-1] - sent, "itl": ([t[0] - sent] if itl_first else []) + itl}
+
+
+def hashes(tokens, size, salt, chained=True, salted=True, partial=False):
+    out, parent = [], ("s", salt) if salted else None
+    n = -(-len(tokens) // size) if partial else len(tokens) // size
+    for i in range(n):
+        block = tuple(tokens[i * size:(i + 1) * size])
+        h = hash((parent, block)) if chained else hash((("s", salt) if salted else None, block))
+        out.append(h)
+        parent = h
+    return out
+
+
+def accuracy(t, s, h, m, centre=statistics.median, invert=False, count=False):
+    cut = (centre(h) + centre(m)) / 2
+    right = sum(((x < cut) != invert) == bool(y) for x, y in zip(t, s))
+    return right if count else right / len(s)
+
+
+CASES = {
+    "stream_timing": (timing, [
+        lambda s, t: timing(s, t, first=lambda t: 0.0 if s == 0 else t[0] - 0.01),  # not from sent
+        lambda s, t: timing(s, t, tpot_n=lambda n: n),                              # n, not n - 1
+        lambda s, t: {**timing(s, t), "e2e": t[-1] - t[0]},                         # from first
+        lambda s, t: timing(s, t, itl_first=True),                                  # TTFT as a gap
+    ]),
+    "salted_block_hashes": (hashes, [
+        lambda t, n, salt: hashes(t, n, salt, salted=False),   # salt ignored
+        lambda t, n, salt: hashes(t, n, salt, chained=False),  # blocks hashed alone
+        lambda t, n, salt: hashes(t, n, salt, partial=True),   # the partial block too
+        lambda t, n, salt: [hash(x) for x in block_hashes(t, n)] if salt is None
+        else block_hashes(t, n),                                 # salt changes nothing
+    ]),
+    "attack_accuracy": (accuracy, [
+        lambda t, s, h, m: accuracy(t, s, h, m, centre=statistics.mean),  # the slow hit drags
+        lambda t, s, h, m: accuracy(t, s, h, m, invert=True),
+        lambda t, s, h, m: accuracy(t, s, h, m, count=True),
+    ]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_correct_answer_passes(name, capsys):
+    right, _ = CASES[name]
+    assert getattr(lab09, name)(right) is right
+    assert "[PASS]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_unattempted_gets_the_reference(name, capsys):
+    ref = getattr(lab09, name)(stub)
+    assert ref is not stub and "[TODO]" in capsys.readouterr().out
+    right, _ = CASES[name]
+    getattr(lab09, name)(ref)
+
+
+@pytest.mark.parametrize("name,bug", [(n, i) for n in sorted(CASES) for i in range(len(CASES[n][1]))])
+def test_planted_bug_fails(name, bug):
+    with pytest.raises(CheckFailed, match=r"(?s)\[FAIL\].*Hint"):
+        getattr(lab09, name)(CASES[name][1][bug])
