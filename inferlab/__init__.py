@@ -5,7 +5,12 @@ The folders are the architecture; each module holds one mechanism:
 - ``model/``: the Llama-architecture network, its KV cache, generation, checkpoints, and the
   course's own trained models (corpus, tokenizer, training script, quality measures).
 - ``serving/``: the engine: one ``ServingConfig``, requests, block manager, scheduler, paged
-  cache and attention, model runner, the loop, ``serve``, metrics.
+  cache and attention, model runner, the loop, ``serve``, metrics, prefix caching, and the
+  engine online (``online``: a background loop, a token stream per request).
+- ``serve/``: the engine behind an OpenAI-compatible HTTP server (``python -m inferlab.serve``):
+  the wire format, tenants, Prometheus metrics, the app, a local background server.
+- ``loadgen/``: a load generator for any OpenAI-compatible server (``python -m
+  inferlab.loadgen``), its report, and the prefix-cache timing side channel.
 - ``sim/``: request traces and serving runs with modelled step times (memory, latency).
 - ``analysis/``: formulas, the hardware table and probes, the roofline, capacity calculators.
 - ``course/``: the labs' checks, the student-lab generator, the grader, the course catalog.
