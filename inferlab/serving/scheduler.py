@@ -273,14 +273,15 @@ class Scheduler:
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
         done, chunks = [], step.chunks
+        remember = getattr(self.memory, "remember", None)  # prefix caching's memory only
         for seq, token in zip(scheduled, tokens):
             if chunks and seq in chunks and chunks[seq] < seq.num_uncomputed:
                 seq.num_computed += chunks[seq]  # part of its prompt is left: no token yet
                 continue
             seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
-            if seq in step.prefills and hasattr(self.memory, "remember"):
-                self.memory.remember(seq)  # its prompt's full blocks, for later requests
+            if remember is not None and seq in step.prefills:
+                remember(seq)  # its prompt's full blocks, for later requests
             if seq.is_done:
                 done.append(seq)
                 if not seq.held:
