@@ -139,7 +139,9 @@ def test_overload_answers_429_with_retry_after_and_health_stays_up():
     with srv:
         answers = asyncio.run(burst())
         codes = [a.status_code for a in answers]
-        assert codes.count(200) >= 6 and codes.count(429) >= 1, codes
+        # at least the queue's worth is served (more if the loop admits some to the running
+        # batch before the burst ends); the rest are refused at once
+        assert codes.count(200) >= 4 and codes.count(429) >= 1, codes
         assert set(codes) <= {200, 429}
         refused = next(a for a in answers if a.status_code == 429)
         assert refused.headers["retry-after"] == "1"
