@@ -56,7 +56,7 @@ def run_attack(url: str, model: str, victim_key: str | None, attacker_key: str |
             misses.append(probe(c, model, own + _ids(rng, 4, vocab_size), attacker_key))
             hits.append(probe(c, model, own + _ids(rng, 4, vocab_size), attacker_key))
         cut = threshold(hits, misses)
-        sent = rng.random(trials) < 0.5
+        sent = [bool(x) for x in rng.random(trials) < 0.5]
         ttfts, guesses = [], []
         for was_sent in sent:
             secret = _ids(rng, secret_len, vocab_size)
@@ -64,11 +64,11 @@ def run_attack(url: str, model: str, victim_key: str | None, attacker_key: str |
                 probe(c, model, secret + _ids(rng, 8, vocab_size), victim_key)
             t = probe(c, model, secret + _ids(rng, 8, vocab_size), attacker_key)
             ttfts.append(t)
-            guesses.append(t < cut)
-    correct = sum(g == s for g, s in zip(guesses, sent))
+            guesses.append(bool(t < cut))
+    correct = sum(g == s for g, s in zip(guesses, sent))  # plain Python numbers, for JSON
     return {"accuracy": correct / trials, "trials": trials, "threshold_s": cut,
             "hit_median_s": statistics.median(hits), "miss_median_s": statistics.median(misses),
-            "ttft_s": ttfts, "sent": [bool(s) for s in sent], "guessed": guesses}
+            "ttft_s": ttfts, "sent": sent, "guessed": guesses}
 
 
 def shared_prefix_cost(url: str, model: str, keys: list[str | None], rounds: int = 3,
