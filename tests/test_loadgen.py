@@ -85,3 +85,14 @@ def test_command_line_writes_json_and_plot(tmp_path, capsys):
     assert (tmp_path / "load.png").stat().st_size > 0
     assert "E2E latency" in capsys.readouterr().out
     assert not math.isnan(rows[0]["throughput_tok_s"])
+
+
+def test_command_line_replays_given_arrival_times(tmp_path):
+    app = build(max_batch=8, num_blocks=128)
+    times = tmp_path / "arrivals.txt"
+    times.write_text("0.0\n0.05\n0.3\n")
+    with BackgroundServer(app) as srv:
+        [row] = main(["--url", srv.url, "--trace", "alpaca_like", "--arrivals-file", str(times),
+                      "--scale", "0.25", "--no-progress"])
+    assert row["n_requests"] == 3 and row["rate_req_s"] is None
+    assert row["duration_s"] > 0.3  # the last one was sent 0.3 s after the first

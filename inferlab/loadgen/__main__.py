@@ -4,7 +4,7 @@
         --num-requests 500 --scale 0.125 --max-len 512 --out results/load.json
 
 ``--rate`` takes a comma-separated list (one run per rate, for the latency-throughput curve;
-``inf`` sends everything at once). The model name defaults to the first one ``/v1/models``
+``inf`` sends everything at once); ``--arrivals-file`` replays given send times instead. The model name defaults to the first one ``/v1/models``
 lists. Prints the table of each run and writes the JSON (and, with several runs or ``--plot``,
 the plot next to it).
 """
@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--api-key", default=None)
     p.add_argument("--trace", default="sharegpt_like", help="sharegpt_like or alpaca_like")
     p.add_argument("--rate", default="inf", help="requests/s, Poisson; a list makes a sweep")
+    p.add_argument("--arrivals-file", default=None,
+                   help="trace-driven arrivals: a file of send times in seconds, one a line "
+                        "(replaces --rate; --num-requests defaults to its length)")
     p.add_argument("--num-requests", type=int, default=100)
     p.add_argument("--scale", type=float, default=1.0, help="multiply the trace's lengths")
     p.add_argument("--max-len", type=int, default=None, help="cut prompt + output to this")
@@ -46,12 +49,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = a.url.rstrip("/").removesuffix("/v1")
     model = a.model or httpx.get(base + "/v1/models", headers=headers).json()["data"][0]["id"]
     slo = SLO(a.slo_ttft, a.slo_tpot)
+    arrivals = None
+    if a.arrivals_file:
+        arrivals = [float(x) for x in open(a.arrivals_file).read().split()]
+        a.num_requests, a.rate = len(arrivals), "nan"
     rows = []
     for rate in (float(r) for r in a.rate.split(",")):
         load = make_load(a.trace, a.num_requests, rate, a.scale, a.max_len, a.vocab_size,
-                         a.seed)
+                         a.seed, arrivals)
         row = report(run(a.url, model, load, api_key=a.api_key, progress=not a.no_progress),
-                     slo, None if math.isinf(rate) else rate)
+                     slo, None if math.isinf(rate) or math.isnan(rate) else rate)
         print(f"\n{model} at {a.url}, {a.trace} x{a.scale:g}, {a.num_requests} requests, "
               f"rate {rate:g}/s")
         print(table(row))

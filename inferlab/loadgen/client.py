@@ -65,7 +65,7 @@ def make_load(trace: str = "sharegpt_like", num_requests: int = 100, rate: float
     if scale != 1.0 or max_len is not None:
         rows = traces.scale_lengths(rows, scale, max_len)
     if arrivals_s is None:
-        arrivals_s = ([0.0] * num_requests if math.isinf(rate)
+        arrivals_s = ([0.0] * num_requests if math.isinf(rate) or math.isnan(rate)
                       else traces.poisson_arrivals(num_requests, rate, seed))
     if len(arrivals_s) != len(rows):
         raise ValueError(f"{len(rows)} requests but {len(arrivals_s)} arrival times")
