@@ -115,3 +115,17 @@ def test_shutdown_drains_then_refuses():
         eng.submit(requests(1)[0])
     assert not eng._thread.is_alive()
     assert "inferlab-engine" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_crashed_loop_ends_every_stream_and_says_so():
+    eng = OnlineEngine(model(), CONFIG)
+
+    def boom(*args):
+        raise RuntimeError("the device fell over")
+    eng.server.runner.prefill = boom
+    stream = eng.submit(requests(1)[0])
+    assert stream.result() == [] and stream.finished.reason == "error"
+    eng._thread.join(5)
+    assert not eng.alive and isinstance(eng.error, RuntimeError)
+    with pytest.raises(EngineClosedError):
+        eng.submit(requests(1)[0])

@@ -236,6 +236,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             if stream.finished is None and not detok.stopped:
                 engine.abort(stream)
             tenants.release(tenant)
+        if reason == "error":
+            raise APIError(500, "the engine failed while serving this request", "server_error")
         return completion(cid, model_name, "".join(text), reason,
                           usage(n_prompt, len(stream.tokens)), created)
 

@@ -10,5 +10,7 @@ device; ``paged_triton``, the fused GPU kernel), ``ragged`` (decodes and prefill
 into one forward pass, for chunked prefill), ``runner`` (one step on the model), ``loop``
 (the loop every run goes through, one ``Server`` a step at a time, and the ``Run`` it
 returns), ``engine`` (``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput,
-the largest gap between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start).
+the largest gap between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start,
+and the memory manager that admits through it), ``online`` (the engine stepped by a background
+loop while requests arrive, one token stream per request: what ``inferlab.serve`` serves).
 """

@@ -234,13 +234,15 @@ class OnlineEngine:
                     self.server.step()
                     self.num_steps += 1
                     self._deliver()
-        except BaseException as error:  # a crashed loop ends every stream instead of hanging them
+        except Exception as error:  # a crashed loop ends every stream instead of hanging them;
+            # ``alive`` turns False, so a server's /health answers 503 and it gets restarted
             self.error = error
             with self._lock:
                 self._closed = True
-                for _, stream in list(self._live.values()) + self._inbox:
+                for _, stream in list(self._live.values()):
                     stream._push(Finished("error", None))
-            raise
+                for stream in self._inbox:
+                    stream._push(Finished("error", None))
 
     def _admit(self, stream: Stream) -> None:
         seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
