@@ -86,7 +86,7 @@ def test_integer_input_is_refused():
 def test_int8_linear_matches_its_dequantized_weight_and_reads_a_quarter_of_the_bytes():
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 40)
-    layer = quant.Int8Linear.from_linear(linear)
+    layer = quant.Int8Linear(linear)
     assert not any(t.is_floating_point() and t.shape == linear.weight.shape
                    for t in layer.buffers())  # no float copy of the weight is kept
     x = torch.randn(3, 5, 96)

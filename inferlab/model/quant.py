@@ -138,29 +138,25 @@ def dequantize(qt: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tenso
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W stored as int8 codes (N, K) and one scale per output row (N,)."""
+    """``Int8Linear(linear)``: y = x W^T + b with W kept as int8 codes (N, K), one scale per row.
 
-    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor,
-                 bias: torch.Tensor | None = None):
+    The codes are ``linear``'s weight quantized per channel, symmetric (``quantize(w, 8)``); the
+    float weight is not kept. Scales are stored in the compute dtype: bfloat16 on the CPU, the
+    weight's own dtype elsewhere.
+    """
+
+    def __init__(self, linear: nn.Linear):
         super().__init__()
-        if weight_int8.dtype != torch.int8 or weight_int8.dim() != 2:
-            raise TypeError("Int8Linear takes int8 codes of shape (out, in), got "
-                            f"{weight_int8.dtype} {tuple(weight_int8.shape)}")
-        self.out_features, self.in_features = weight_int8.shape
-        # bfloat16 on the CPU (where _weight_int8pack_mm is fast), the scales' own dtype elsewhere
-        self.compute_dtype = torch.bfloat16 if weight_int8.device.type == "cpu" else scales.dtype
-        self.register_buffer("weight_int8", weight_int8.contiguous())
-        self.register_buffer("scales", scales.to(self.compute_dtype).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        """Per-channel symmetric int8 codes of ``linear``'s weight (its float weight is not kept)."""
-        qt = quantize(linear.weight.detach(), bits=8)
-        scales = qt.scale[:, 0]
-        if linear.weight.device.type != "cpu":
-            scales = scales.to(linear.weight.dtype)
-        return cls(qt.q, scales, linear.bias)
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"Int8Linear takes an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        qt = quantize(w, bits=8)
+        self.out_features, self.in_features = w.shape
+        self.compute_dtype = torch.bfloat16 if w.device.type == "cpu" else w.dtype
+        self.register_buffer("weight_int8", qt.q.contiguous())  # (N, K)
+        self.register_buffer("scales", qt.scale[:, 0].to(self.compute_dtype).contiguous())  # (N,)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.register_buffer("bias", bias)
 
     @property
     def nbytes(self) -> int:
@@ -205,7 +201,7 @@ def int8_weight_only(model: nn.Module) -> nn.Module:
     for name, linear in _linears(model):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(linear))
+        setattr(parent, child, Int8Linear(linear))
     return model
 
 
