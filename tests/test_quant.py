@@ -156,3 +156,16 @@ def test_int8_kv_cache_is_close_to_the_float_cache_and_smaller():
         cache.update(0, torch.tensor([20]), torch.zeros(2, c.n_kv_heads, 1, c.head_dim,
                                                         dtype=torch.int8),
                      torch.zeros(2, c.n_kv_heads, 1, c.head_dim, dtype=torch.int8))
+
+
+def test_storage_formats_have_a_size_for_the_byte_formulas():
+    from inferlab.analysis import formulas
+    from inferlab.device import bytes_per_element
+    from inferlab.model.config import ModelConfig
+
+    assert bytes_per_element("int8") == bytes_per_element(torch.float8_e4m3fn) == 1
+    llama3 = ModelConfig.from_name("llama-3-8b")
+    assert formulas.kv_bytes_per_token(llama3, "int8") * 2 == \
+        formulas.kv_bytes_per_token(llama3, "bfloat16")
+    with pytest.raises(ValueError):
+        bytes_per_element("int3")
