@@ -6,6 +6,7 @@ the device profile (``inferlab.device``) and their mechanisms from the package's
 modules; nothing in the labs or the book imports a benchmark. ``prefill`` compares the model
 with Hugging Face transformers where transformers is installed (it is not a requirement).
 ``prefill_decode`` measures chunked prefill on the engine and, with ``--goodput``, runs
-``disaggregation_study``, Chapter 7's simulated cluster study. ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
+``disaggregation_study``, Chapter 7's simulated cluster study. ``quant`` times int8 weight-only decode against float and scores each weight format's
+perplexity (Chapter 5). ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
 eight minutes.
 """
