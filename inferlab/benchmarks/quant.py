@@ -36,7 +36,7 @@ import torch
 
 from inferlab.analysis.decode_timing import cached_step
 from inferlab.analysis.hardware import detect_device
-from inferlab.device import choose_profile
+from inferlab.device import check_dtype, choose_profile
 from inferlab.measurements import write_record
 from inferlab.model import corpus, quant
 from inferlab.model.kv_cache import Int8KVCache
@@ -123,17 +123,19 @@ def quality(docs: int | None) -> list[dict]:
     return rows
 
 
-def gpu_speed(model_name: str, new_tokens: int, min_run_time: float) -> dict:
-    """bf16 and int8 weight-only batch-1 decode on CUDA, each compiled (``decode_gpu.run``)."""
+def gpu_speed(model_name: str, new_tokens: int, min_run_time: float,
+              dtype: torch.dtype = torch.bfloat16) -> dict:
+    """16-bit and int8 weight-only batch-1 decode on CUDA, each compiled (``decode_gpu.run``)."""
     from inferlab.benchmarks.decode_gpu import run
 
-    model = build_model(model_name, seed=0, device="cuda", dtype=torch.bfloat16)
-    rows = {"bfloat16": run(model, new_tokens=new_tokens, min_run_time=min_run_time)}
+    model = build_model(model_name, seed=0, device="cuda", dtype=dtype)
+    label = str(dtype).removeprefix("torch.")
+    rows = {label: run(model, new_tokens=new_tokens, min_run_time=min_run_time)}
     torch._dynamo.reset()
     quant.int8_weight_only(model)  # in place: the 16-bit weights are freed layer by layer
     rows["int8 weight-only"] = run(model, new_tokens=new_tokens, min_run_time=min_run_time)
-    return {"model": model_name, "results": rows,
-            "speedup": rows["bfloat16"]["loop_s_per_token"]
+    return {"model": model_name, "dtype": label, "results": rows,
+            "speedup": rows[label]["loop_s_per_token"]
             / rows["int8 weight-only"]["loop_s_per_token"]}
 
 
@@ -143,6 +145,7 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default=None, help="decode model (default: the profile's)")
+    parser.add_argument("--dtype", default="bfloat16", help="the 16-bit dtype on a GPU")
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--min-run-time", type=float, default=2.0)
@@ -161,10 +164,10 @@ def main(argv=None) -> int:
             return 0
         info = detect_device("cuda")
         name = args.model or "llama-2-7b"
-        g = gpu_speed(name, 64, min(args.min_run_time, 1.0))
+        g = gpu_speed(name, 64, min(args.min_run_time, 1.0), check_dtype(args.dtype, "cuda"))
         for mode, r in g["results"].items():
             print(f"{name} {mode}: {r['tokens_per_s']:,.1f} tokens/s")
-        print(f"int8 weight-only over bfloat16: {g['speedup']:.2f}x")
+        print(f"int8 weight-only over {g['dtype']}: {g['speedup']:.2f}x")
         record.update(device="cuda", gpu=g)
     else:
         info = detect_device("cpu")
