@@ -6,8 +6,8 @@ asymmetric, one float offset) and its numbers as small integers:
 - **symmetric**: q = round(w / s) in [-(2^(b-1) - 1), 2^(b-1) - 1], s = max|w| / (2^(b-1) - 1),
   and w ~ q s. Zero stays exactly zero; one code (-2^(b-1)) goes unused.
 - **asymmetric**: q = round((w - m) / s) in [0, 2^b - 1], m = min w, s = (max w - min w) /
-  (2^b - 1), and w ~ q s + m. The offset m is kept as a float (the "float zero point" of
-  tinygemm's int4 layout and torchao's), so a lopsided group uses every code.
+  (2^b - 1), and w ~ q s + m. The offset m is kept as a float (many formats store an integer
+  "zero point" instead), so a lopsided group uses every code.
 
 Either way each number is off by at most half a step, s / 2: the round-trip error a property test
 checks. One group per row is **per-channel** (the scale of LLM.int8's vector-wise quantization,
