@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import sys
 import warnings
@@ -53,11 +54,12 @@ def torchao_int8(model):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import logging
-            logging.getLogger("torchao").setLevel(logging.ERROR)
+            logging.disable(logging.WARNING)  # it reports optional CUDA libraries it cannot load
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except ImportError:
         return None
+    finally:
+        logging.disable(logging.NOTSET)
     quantize_(model, Int8WeightOnlyConfig())
     return model
 
