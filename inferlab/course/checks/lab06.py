@@ -77,6 +77,16 @@ def _greedy_reference(prompt, n):
     return generate(_pair()[0], torch.tensor(prompt), n)[0].tolist()
 
 
+def _off_by_one(top: torch.Tensor, drafted: list[int]) -> list[int]:
+    """What a verifier that judges d_i by row i (not i - 1) returns: the usual slip."""
+    choice, out = top.tolist(), []
+    for i, d in enumerate(drafted):
+        if d != choice[min(i + 1, len(drafted))]:
+            break
+        out.append(d)
+    return out + [choice[len(out)]]
+
+
 def greedy_verify(fn):
     """Exercise 6.1: ``greedy_verify(logits, drafted) -> list[int]``: the accepted drafts and one
     token of the target's own."""
@@ -94,6 +104,9 @@ def greedy_verify(fn):
                 ([], [3], "with nothing drafted, a verification is a plain decode step.")):
             d = torch.tensor(drafted, dtype=torch.long)
             got = f(logits[:len(drafted) + 1], d)
+            if [int(t) for t in got] != want and [int(t) for t in got] == _off_by_one(top, drafted):
+                hint = ("row i of the logits predicts the token AFTER position i: draft d_1 is "
+                        "judged by row 0 (the logits at the last committed token).")
             expect_equal(f"greedy_verify(logits with argmax {top[:len(drafted) + 1].tolist()}, "
                          f"drafted={drafted})", [int(t) for t in got], want, hint=hint)
         target, draft = _pair()
@@ -182,14 +195,19 @@ def expected_tokens(fn):
         for a, k in ((0.0, 4), (0.5, 1), (0.6, 4), (0.8, 7), (0.95, 16), (1.0, 5), (0.3, 0)):
             want = speculation.expected_tokens(a, k)
             hint = "sum the chances 1 + a + ... + a^k: the token i+1 is emitted iff drafts 1..i are kept."
-            try:
-                if abs(float(f(a, k)) - (want - a ** k)) < 1e-9 and a not in (0.0, 1.0):
-                    hint = "the bonus token counts too: k drafts give up to k + 1 tokens, so a^(k+1)."
-            except Exception:
-                pass
             if a == 1.0:
                 hint = "at a = 1 the formula divides 0 by 0: every draft is kept, so k + 1 tokens."
-            expect_close(f"expected_tokens(a={a}, k={k})", f(a, k), want, rel=1e-9, hint=hint)
+            try:
+                got = f(a, k)
+            except ZeroDivisionError:
+                raise CheckFailed(f"expected_tokens(a={a}, k={k}) divided by zero.\n  Hint: "
+                                  f"{hint}") from None
+            try:
+                if abs(float(got) - (want - a ** k)) < 1e-9 and a not in (0.0, 1.0):
+                    hint = "the bonus token counts too: k drafts give up to k + 1 tokens, so a^(k+1)."
+            except (TypeError, ValueError):
+                pass
+            expect_close(f"expected_tokens(a={a}, k={k})", got, want, rel=1e-9, hint=hint)
     reference = lends(lambda a, k: speculation.expected_tokens(a, k), speculation.expected_tokens)
     return run_check("6.3", "expected_tokens", fn, reference, cases)
 
@@ -251,10 +269,12 @@ def truncate(fn):
                      f"(block size 4) kept {kept}")
             expect_equal(f"table.num_tokens {where}", t.num_tokens, before + kept,
                          hint="set table.num_tokens to the tokens kept.")
-            expect_equal(f"len(table.blocks) {where}", len(t.blocks),
-                         blocks_for(before + kept, 4),
+            need = blocks_for(before + kept, 4)
+            expect_equal(f"len(table.blocks) {where}", len(t.blocks), need,
                          hint="keep ceil(num_tokens / block_size) blocks (blocks_for); a partly "
-                              "filled last block still holds kept tokens.")
+                              "filled last block still holds kept tokens." if len(t.blocks) < need
+                         else "blocks past the kept tokens leak: give each back with "
+                              "table.allocator.free(block) and drop it from table.blocks.")
             owners = sum(len(x.blocks) for x in tables)
             in_use = alloc.num_blocks - alloc.num_free
             refs = sum(alloc.refcount(b) for b in range(alloc.num_blocks))
