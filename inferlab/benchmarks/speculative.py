@@ -23,6 +23,7 @@ Greedy speculative output is asserted equal to the target's greedy output on eve
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -64,7 +65,8 @@ def held_out_prompts(tokenizer, n: int, length: int, split: str = "test") -> lis
     return out
 
 
-def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 0.6) -> dict:
+def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 1.0,
+               rounds: int = 5) -> dict:
     """Seconds of one target step, one draft step and a target pass over k + 1 tokens, after
     ``context`` cached tokens, timed interleaved; c and each verify cost as ratios."""
     def step(model, n):
@@ -81,10 +83,15 @@ def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 0.
     with torch.inference_mode():
         fns = {"target": step(target, 1), "draft": step(draft, 1)}
         fns.update({f"verify {k + 1}": step(target, k + 1) for k in ks})
-        t = compare(fns, rounds=3, min_run_time=min_run_time)
-    base = t["target"].min_s  # a step is ~1 ms: the minimum is what load bursts leave alone
-    return {"target_s": base, "draft_s": t["draft"].min_s, "c": t["draft"].min_s / base,
-            "verify_cost": {k: t[f"verify {k + 1}"].min_s / base for k in ks}}
+        best = {name: math.inf for name in fns}
+        for _ in range(rounds):  # interleaved; the minimum over every round is kept
+            for name, t in compare(fns, rounds=1, min_run_time=min_run_time / rounds).items():
+                best[name] = min(best[name], t.min_s)
+    # A step is ~1 ms; a burst of load lengthens some runs, never shortens one: the minimum is
+    # the cost the machine can deliver, and ratios of minimums survive a busy machine best.
+    base = best["target"]
+    return {"target_s": base, "draft_s": best["draft"], "c": best["draft"] / base,
+            "verify_cost": {k: best[f"verify {k + 1}"] / base for k in ks}}
 
 
 def merged(stats: list[SpecStats]) -> SpecStats:
@@ -113,7 +120,7 @@ def acceptance(target, make_drafter, prompts, ks=KS, new_tokens: int = 64,
 
 
 def wall_clock(target, make_drafter, prompts, ks=KS, new_tokens: int = 64, rounds: int = 3,
-               min_run_time: float = 1.0) -> dict:
+               min_run_time: float = 3.0) -> dict:
     """Seconds to generate ``new_tokens`` after every prompt: plain greedy and speculative at
     each k, timed interleaved, best run of each; the speed-up of each k over plain.
 
@@ -133,7 +140,7 @@ def wall_clock(target, make_drafter, prompts, ks=KS, new_tokens: int = 64, round
         return run
 
     fns = {"generate": plain, "k=0": spec(0), **{f"k={k}": spec(k) for k in ks}}
-    t = compare(fns, rounds=rounds, min_run_time=min_run_time * len(fns))
+    t = compare(fns, rounds=rounds, min_run_time=min_run_time)  # seconds per candidate
     base = min(t["generate"].min_s, t["k=0"].min_s)
     return {"plain_s": base, "generate_s": t["generate"].min_s, "loop_k0_s": t["k=0"].min_s,
             "spec_s": {k: t[f"k={k}"].min_s for k in ks},
@@ -252,7 +259,8 @@ def main(argv=None) -> int:
                   "threads": args.threads, "load": _load(), "agreement": agree, "costs": costs,
                   "plain_s_per_token": speed["plain_s"] / (len(prompts) * args.new_tokens),
                   "results": rows, "sampled": samp_rows, "prompt_lookup": lookup_rows,
-                  "acceptance_needed": need}
+                  "model": "course-target + course-draft",
+                  "acceptance_needed": {k: (None if math.isinf(v) else v) for k, v in need.items()}}
         print(f"wrote {write_record(record, info, args.json)}")
     return 0
 
