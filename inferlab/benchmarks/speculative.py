@@ -8,11 +8,11 @@ verification against the formula, and the wall-clock speed-up against k.
 It measures, on held-out text of the course corpus (``data/corpus/test.jsonl``):
 
 1. the cost of a draft step over a target step, c, and of verifying k + 1 tokens over one target
-   step, each timed interleaved with ``inferlab.timing.compare`` (the models are tiny, so a step
+   step, timed interleaved and the fastest run kept (``best_of``; the models are tiny, so a step
    is mostly fixed overhead on a CPU: c is measured, never taken from the parameter counts);
 2. the acceptance rate a of the draft (greedy, and sampled at temperature 1), and the emitted
    tokens per verification against (1 - a^(k+1)) / (1 - a) at the measured a;
-3. the time to generate the same tokens plainly and speculatively for each k, rounds
+3. the time to generate the same tokens plainly and speculatively for each k, in rounds
    interleaved, the best round kept; the acceptance that 1.5x would need at the measured costs
    (``inferlab.analysis.speculation.acceptance_needed``);
 4. the same with prompt-lookup drafting on long code prompts, which repeat themselves.
@@ -36,7 +36,7 @@ from inferlab.measurements import write_record
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.speculative import (ModelDrafter, PromptLookup, SpecStats, rollback,
     speculative_generate)
-from inferlab.timing import compare
+from inferlab.timing import time_fn
 
 KS = (1, 2, 3, 4, 6, 8)
 BAR_SPEEDUP, BAR_FORMULA = 1.5, 0.10
@@ -65,6 +65,22 @@ def held_out_prompts(tokenizer, n: int, length: int, split: str = "test") -> lis
     return out
 
 
+def best_of(fns: dict, rounds: int, min_run_time: float) -> dict[str, float]:
+    """The fastest run of each function, timed interleaved (A B C, A B C, ...) for ``rounds``
+    rounds of ``min_run_time / rounds`` seconds each.
+
+    A burst of load from other programs lengthens some runs and never shortens one, so on a
+    shared machine the minimum is the time the code needs, and the ratio of two minimums taken
+    in the same rounds is the most stable comparison there is.
+    """
+    best = {name: math.inf for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time_fn(fn, min_run_time=min_run_time / rounds, label=name)
+            best[name] = min(best[name], t.min_s)
+    return best
+
+
 def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 1.0,
                rounds: int = 5) -> dict:
     """Seconds of one target step, one draft step and a target pass over k + 1 tokens, after
@@ -83,12 +99,7 @@ def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 1.
     with torch.inference_mode():
         fns = {"target": step(target, 1), "draft": step(draft, 1)}
         fns.update({f"verify {k + 1}": step(target, k + 1) for k in ks})
-        best = {name: math.inf for name in fns}
-        for _ in range(rounds):  # interleaved; the minimum over every round is kept
-            for name, t in compare(fns, rounds=1, min_run_time=min_run_time / rounds).items():
-                best[name] = min(best[name], t.min_s)
-    # A step is ~1 ms; a burst of load lengthens some runs, never shortens one: the minimum is
-    # the cost the machine can deliver, and ratios of minimums survive a busy machine best.
+        best = best_of(fns, rounds, min_run_time)
     base = best["target"]
     return {"target_s": base, "draft_s": best["draft"], "c": best["draft"] / base,
             "verify_cost": {k: best[f"verify {k + 1}"] / base for k in ks}}
@@ -119,7 +130,7 @@ def acceptance(target, make_drafter, prompts, ks=KS, new_tokens: int = 64,
     return out
 
 
-def wall_clock(target, make_drafter, prompts, ks=KS, new_tokens: int = 64, rounds: int = 3,
+def wall_clock(target, make_drafter, prompts, ks=KS, new_tokens: int = 64, rounds: int = 5,
                min_run_time: float = 3.0) -> dict:
     """Seconds to generate ``new_tokens`` after every prompt: plain greedy and speculative at
     each k, timed interleaved, best run of each; the speed-up of each k over plain.
@@ -140,12 +151,11 @@ def wall_clock(target, make_drafter, prompts, ks=KS, new_tokens: int = 64, round
         return run
 
     fns = {"generate": plain, "k=0": spec(0), **{f"k={k}": spec(k) for k in ks}}
-    t = compare(fns, rounds=rounds, min_run_time=min_run_time)  # seconds per candidate
-    base = min(t["generate"].min_s, t["k=0"].min_s)
-    return {"plain_s": base, "generate_s": t["generate"].min_s, "loop_k0_s": t["k=0"].min_s,
-            "spec_s": {k: t[f"k={k}"].min_s for k in ks},
-            "speedup": {k: base / t[f"k={k}"].min_s for k in ks},
-            "busy": any(x.busy for x in t.values())}
+    t = best_of(fns, rounds, min_run_time)
+    base = min(t["generate"], t["k=0"])
+    return {"plain_s": base, "generate_s": t["generate"], "loop_k0_s": t["k=0"],
+            "spec_s": {k: t[f"k={k}"] for k in ks},
+            "speedup": {k: base / t[f"k={k}"] for k in ks}}
 
 
 def _load() -> str:
@@ -183,7 +193,7 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=6, help="held-out files to prompt with")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadiest)")
     parser.add_argument("--quick", action="store_true", help="3 prompts, 2 rounds")
     parser.add_argument("--json", type=Path, help="also write the results here, with provenance")
@@ -249,8 +259,6 @@ def main(argv=None) -> int:
         lookup_rows.append(r)
         print(f"{k:>3} {r['acceptance']:>9.3f} {r['drafted']:>14.2f} "
               f"{r['tokens_per_verification']:>10.2f} {r['speedup']:>8.2f}x")
-    if speed["busy"] or lookup_speed["busy"]:
-        print("warning: the timings varied by more than 10% between runs: the machine is busy")
     print(_load())
     if args.json:
         record = {"benchmark": "speculative",
