@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     info = detect_device("cpu")
-    print(f"{info.name}, {args.threads} thread(s), torch {info.torch_version}; {_load()}")
+    load_start = _load()
+    print(f"{info.name}, {args.threads} thread(s), torch {info.torch_version}; {load_start}")
     target, draft, tok = load_pair()
     prompts = held_out_prompts(tok, args.prompts, 32)
     from inferlab.model.generate import generate
@@ -147,7 +148,8 @@ def main(argv=None) -> int:
         record = {"benchmark": "speculative",
                   "command": " ".join(["python -m inferlab.benchmarks.speculative",
                                        *(argv if argv is not None else sys.argv[1:])]),
-                  "threads": args.threads, "load": _load(), "agreement": agree, "costs": costs,
+                  "threads": args.threads, "load_start": load_start, "load": _load(),
+                  "agreement": agree, "costs": costs,
                   "plain_s_per_token": speed["plain_s"] / (len(prompts) * args.new_tokens),
                   "results": rows, "sampled": samp_rows, "prompt_lookup": lookup_rows,
                   "model": "course-target + course-draft",
