@@ -61,7 +61,7 @@ class Benchmark:
     what: str
 
 
-# One entry a benchmark. Speculative decoding joins here when it exists.
+# One entry a benchmark.
 BENCHMARKS = (
     Benchmark("decode_gpu", "--out", 90, "--model {decode_model} --dtype {dtype} --new-tokens 64 "
               "--min-run-time 0.5", "batch-1 decode against the bandwidth floor, CUDA graphs"),
@@ -71,11 +71,10 @@ BENCHMARKS = (
     Benchmark("batching", "--out", 55, "--profile {profile} --dtype {dtype} --model {serve_model} "
               "--requests {requests} --scale {scale}", "static against continuous batching; "
               "simulator error"),
-    # an estimate, not yet run on a GPU: two compiled decode loops (16-bit, then int8)
-    Benchmark("quant", "--out", 60, "--device cuda --model {decode_model} --dtype {dtype} "
-              "--no-quality --min-run-time 0.5", "int8 weight-only against 16-bit decode, "
-              "both compiled"),
 )
+# Not registered, for want of budget (the suite is one 600 s device call): Chapter 5's
+# `python -m inferlab.benchmarks.quant --device cuda --model {decode_model} --dtype {dtype}
+# --no-quality` (two compiled decode loops of the 7B-shaped model, 16-bit then int8).
 
 # The sizes each GPU profile gives the benchmarks' arguments.
 SIZES = {
