@@ -196,6 +196,14 @@ def check_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return dtype
 
 
+# Storage formats a weight or a KV cache can be kept in without being a compute dtype here.
+_STORAGE_BYTES = {"int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
 def bytes_per_element(dtype: str | torch.dtype) -> int:
-    """Bytes one number of ``dtype`` occupies (4 for float32, 2 for float16 and bfloat16)."""
+    """Bytes one number of ``dtype`` occupies (4 for float32, 2 for float16 and bfloat16, 1 for
+    the int8 and FP8 storage formats of Chapter 5)."""
+    name = str(dtype).removeprefix("torch.")
+    if name in _STORAGE_BYTES:
+        return _STORAGE_BYTES[name]
     return torch.empty((), dtype=parse_dtype(dtype)).element_size()

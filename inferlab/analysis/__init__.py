@@ -6,6 +6,8 @@ and its plot), ``request_time`` (a request's prefill and decode at the roofline,
 against swap), ``attention_io`` (prefill attention's memory traffic, with and without tiling),
 ``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models),
 ``decode_timing`` (one generation step timed: cached decode against recompute),
+``speculation`` (speculative decoding's expected tokens, speed-up, best k and batch crossover)
+and ``speculative_timing`` (its acceptance, costs and speed-up measured),
 ``interference`` (how prefills stall decodes, by chunk size, measured), ``capacity``
 (how many requests or KV blocks fit on a device), ``published`` (the numbers quoted from
 papers, with their sources), ``figures`` (the plotting habits and the check that keeps them),

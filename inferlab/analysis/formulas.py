@@ -63,6 +63,17 @@ def decode_bytes_per_step(config: "ModelConfig", dtype="bfloat16") -> int:
     return params * bytes_per_element(dtype)
 
 
+def quantized_step_bytes(config: "ModelConfig", context: int, bytes_per_weight: float,
+                         kv_bytes_per_element: float, batch: int = 1) -> float:
+    """Bytes one decode step reads with weights of ``bytes_per_weight`` (scales included) and a
+    KV cache of ``kv_bytes_per_element``: every weight but the input embedding table
+    (``decode_bytes_per_step``), then K and V of ``context`` tokens for each of ``batch``
+    sequences. Quantization changes the two prices; the counts stay."""
+    weights = decode_bytes_per_step(config, "float32") // 4  # numbers read, one per weight
+    kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * kv_tokens_held(config, context)
+    return weights * bytes_per_weight + batch * kv * kv_bytes_per_element
+
+
 def kv_tokens_held(config: "ModelConfig", context: int) -> int:
     """Tokens whose K and V a sequence of ``context`` tokens keeps: all of them, or the window.
 

@@ -5,7 +5,10 @@ record their results, with provenance, in ``data/measurements/``. They take thei
 the device profile (``inferlab.device``) and their mechanisms from the package's public
 modules; nothing in the labs or the book imports a benchmark. ``prefill`` compares the model
 with Hugging Face transformers where transformers is installed (it is not a requirement).
-``prefill_decode`` measures chunked prefill on the engine and, with ``--goodput``, runs
+``speculative`` measures speculative decoding with the course's trained pair at batch 1 (CPU or
+GPU; it records to ``data/measurements/`` only with ``--json``). ``quant`` times int8 weight-only
+decode against float and scores each weight format's perplexity (Chapter 5). ``prefill_decode``
+measures chunked prefill on the engine and, with ``--goodput``, runs
 ``disaggregation_study``, Chapter 7's simulated cluster study. ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
 eight minutes.
 """

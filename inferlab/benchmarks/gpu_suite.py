@@ -1,4 +1,4 @@
-"""Everything a GPU should run for the course, in one command, within eight minutes.
+"""Everything a GPU should run for the course, in one command, within nine and a half minutes.
 
     python -m inferlab.benchmarks.gpu_suite --out DIR                       # this GPU's profile
     python -m inferlab.benchmarks.gpu_suite --out DIR --profile small-gpu   # T4-class sizes
@@ -42,7 +42,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-TOTAL_BUDGET_S = 480  # eight minutes, all told
+# Nine and a half minutes, all told: one call of the device tool runs at most 600 s, and a
+# session's 900 s of device time must also pay for the machine's start, so the suite is one call.
+TOTAL_BUDGET_S = 570
 SUITE_MARGIN_S = 30   # of those, kept for the suite itself: start-up, records, summary
 GPU_PROFILES = ("large-gpu", "small-gpu")
 
@@ -59,17 +61,20 @@ class Benchmark:
     what: str
 
 
-# One entry a benchmark. Quantization and speculative decoding join here when they exist.
+# One entry a benchmark.
 BENCHMARKS = (
-    Benchmark("decode_gpu", "--out", 105, "--model {decode_model} --dtype {dtype} --new-tokens 64 "
+    Benchmark("decode_gpu", "--out", 90, "--model {decode_model} --dtype {dtype} --new-tokens 64 "
               "--min-run-time 0.5", "batch-1 decode against the bandwidth floor, CUDA graphs"),
-    Benchmark("paged", "--json", 35, "--device cuda --dtype {dtype} --requests 300 --batch {batch} "
+    Benchmark("paged", "--json", 30, "--device cuda --dtype {dtype} --requests 300 --batch {batch} "
               "--context {context} --heads 32 --head-dim 128 --min-run-time 0.3",
               "the Triton paged kernel against contiguous attention"),
-    Benchmark("batching", "--out", 65, "--profile {profile} --dtype {dtype} --model {serve_model} "
+    Benchmark("batching", "--out", 55, "--profile {profile} --dtype {dtype} --model {serve_model} "
               "--requests {requests} --scale {scale}", "static against continuous batching; "
               "simulator error"),
 )
+# Not registered, for want of budget (the suite is one 600 s device call): Chapter 5's
+# `python -m inferlab.benchmarks.quant --device cuda --model {decode_model} --dtype {dtype}
+# --no-quality` (two compiled decode loops of the 7B-shaped model, 16-bit then int8).
 
 # The sizes each GPU profile gives the benchmarks' arguments.
 SIZES = {
@@ -81,10 +86,13 @@ SIZES = {
 
 # Seconds each solved lab may take under a GPU profile (kernel start and the grader's checks
 # included); a lab not listed gets the default.
-LAB_BUDGET_S = {"01_roofline": 65, "02_kv_cache": 55, "03_paged_attention": 40,
-                "04_batching": 80}
-DEFAULT_LAB_BUDGET_S = 60
-_CHECKS_MARGIN_S = 25  # of a lab's budget, kept for kernel start-up and the grader's checks
+# These are estimates (no lab has run on a GPU yet): a GPU does the labs' arithmetic in a blink,
+# so what remains is the kernel's start, torch's CUDA start-up, and the work every lab does on
+# the host (simulations, tables, plots). The first GPU run's summary gives the real times.
+LAB_BUDGET_S = {"01_roofline": 45, "02_kv_cache": 40, "03_paged_attention": 30,
+                "04_batching": 60, "05_quantization": 40, "07_prefill_decode": 40, "08_cost": 35}
+DEFAULT_LAB_BUDGET_S = 35
+_CHECKS_MARGIN_S = 15  # of a lab's budget, kept for kernel start-up and the grader's checks
 
 
 @dataclass

@@ -148,9 +148,14 @@ def main(argv=None) -> int:
         record.update(model=sizes["model"], dtype=str(dtype).removeprefix("torch."),
                       engine=engine_part(model, sizes, args.repeats))
         b = record["engine"]["bars"]
-        print(f"bars: largest stall cut {b['stall_cut']:.1f}x at {b['at']} (throughput "
-              f"{b['throughput_ratio']:.2f}x of unchunked): {'met' if b['stall_bar_met'] else 'NOT met'}"
-              f"; simulator's worst error {b['simulator_worst_error']:.1%}: "
+        if b["at"] is None:
+            stall = (f"no token budget kept throughput within {THROUGHPUT_BAR:.0%} of unchunked "
+                     "serving: NOT met")
+        else:
+            stall = (f"largest stall cut {b['stall_cut']:.1f}x at {b['at']} (throughput "
+                     f"{b['throughput_ratio']:.2f}x of unchunked): "
+                     f"{'met' if b['stall_bar_met'] else 'NOT met'}")
+        print(f"bars: {stall}; simulator's worst error {b['simulator_worst_error']:.1%}: "
               f"{'met' if b['simulator_bar_met'] else 'NOT met'}")
     if args.goodput:
         from inferlab.benchmarks import disaggregation_study

@@ -2,8 +2,10 @@
 
 Read in this order: ``config`` (the shape, and the presets of ``data/models.csv``), ``llama``
 (the network, with Hugging Face parameter names), ``kv_cache`` (the reference contiguous cache),
-``generate`` (prefill, one decode step, the loop), ``weights`` (Hugging Face checkpoints and
-tokenizers), ``gqa`` (fewer KV heads by mean pooling). The course's own trained pair:
+``generate`` (prefill, one decode step, the loop), ``speculative`` (draft, verify in one pass,
+roll back: several tokens per target pass), ``weights`` (Hugging Face checkpoints and
+tokenizers), ``gqa`` (fewer KV heads by mean pooling), ``quant`` (int8 and int4 weights per
+group, an int8 weight-only layer; the int8 KV cache is in ``kv_cache``). The course's own trained pair:
 ``corpus`` (the Python standard library as text), ``bpe`` (the tokenizer), ``train`` (the
 training script), ``quality`` (perplexity, bits per byte, the unigram baseline).
 """

@@ -116,9 +116,9 @@ class KVCache:
             if tuple(t.shape) != expected:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {expected} "
                                  "(batch, KV heads, new tokens, head_dim)")
-            if t.dtype != self.k.dtype:
-                raise TypeError(f"{name} is {t.dtype} but the cache holds {self.k.dtype}; "
-                                f"cast with .to({self.k.dtype}) or build the cache in {t.dtype}")
+            if t.dtype != self.dtype:
+                raise TypeError(f"{name} is {t.dtype} but the cache holds {self.dtype}; "
+                                f"cast with .to({self.dtype}) or build the cache in {t.dtype}")
             if t.device != self.k.device:
                 raise ValueError(f"{name} is on {t.device} but the cache is on {self.k.device}")
         if positions.dim() != 1:
@@ -202,3 +202,54 @@ class StaticKVCache(KVCache):
         if eager and layer == self.n_layers - 1:
             self.length = max(self.length, int(positions[-1]) + 1)
         return out
+
+
+class Int8KVCache(KVCache):
+    """A KVCache that stores K and V as int8, one float32 scale per token and KV head.
+
+    Each new K (and V) vector of one head, (D,), is quantized symmetrically: s = max|k| / 127,
+    codes round(k / s) (``inferlab.model.quant``'s rule with one group per vector). A token
+    then occupies D + 4 bytes per head and tensor instead of 2 D (bfloat16) or 4 D (float32):
+    the cache holds about twice (four times) as many tokens in the same memory. Attention
+    dequantizes the stored prefix to the compute dtype before it reads it: this reference
+    shows the quality cost, not the speed; a fused kernel would read the codes directly.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, torch.int8, device)
+        scale_shape = (n_layers, batch, n_kv_heads, max_len, 1)
+        self.k_scale = torch.ones(scale_shape, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(scale_shape, dtype=torch.float32, device=device)
+        self.compute_dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * (self.head_dim + self.k_scale.element_size())
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_per_token * self.batch * self.max_len
+
+    @staticmethod
+    def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = x.float().abs().amax(-1, keepdim=True) / 127  # (B, K, T, 1)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Quantize and store k, v (B, K, T, D); return every stored K, V dequantized."""
+        start, end = self._validate(layer, positions, k, v)
+        for codes, scales, new in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, s = self._quantize(new)
+            codes[layer, :, :, start:end] = q
+            scales[layer, :, :, start:end] = s
+        if layer == self.n_layers - 1:
+            self.length = max(self.length, end)
+        k_all = (self.k[layer, :, :, :end].float() * self.k_scale[layer, :, :, :end])
+        v_all = (self.v[layer, :, :, :end].float() * self.v_scale[layer, :, :, :end])
+        return k_all.to(self.compute_dtype), v_all.to(self.compute_dtype)  # (B, K, end, D)

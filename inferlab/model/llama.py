@@ -188,13 +188,15 @@ class Llama(nn.Module):
             x = x[:, logits_at]
         return self.lm_head(self.model.norm(x))  # (B, T, V)
 
+    # Read from the embedding table, which stays in the compute dtype when the linear layers
+    # are quantized (``inferlab.model.quant``): a lookup reads one row, not the whole table.
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
 
 def init_weights(model: Llama, seed: int = 0, std: float = 0.02) -> Llama:

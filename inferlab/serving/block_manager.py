@@ -14,7 +14,8 @@ Read in this order:
   free; everything else asks it.
 - ``BlockTable``: one sequence's list of blocks. ``append`` grows it (allocating only at block
   boundaries), ``slot_mapping`` turns token positions into physical slots, ``fork`` shares every
-  block with a child (parallel sampling, beam search) and copy-on-write separates them again.
+  block with a child (parallel sampling, beam search) and copy-on-write separates them again;
+  ``truncate`` gives back the slots of tokens a speculative step wrote and the target rejected.
 - ``BlockManager``: what the scheduler admits through: one allocator, one block size, and the
   admission rule (enough free blocks for a sequence's tokens, leaving a ``watermark`` free).
   ``inferlab.serving.reservation`` has the contiguous managers of the systems before paging,
@@ -189,6 +190,22 @@ class BlockTable:
     def slots_held(self) -> int:
         """Token slots this table holds: whole blocks, filled or not."""
         return len(self.blocks) * self.block_size
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` tokens; free every block that held only later ones.
+
+        Speculative decoding appends k + 1 slots for a verification and keeps 1..k + 1 of them:
+        the rejected tokens' K/V stay in the kept last block, where the next write overwrites
+        them, and wholly rejected blocks return to the allocator (one owner fewer, if shared).
+        """
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"cannot truncate to {num_tokens} tokens: the table holds "
+                             f"{self.num_tokens}")
+        keep = blocks_for(num_tokens, self.block_size)
+        for block in reversed(self.blocks[keep:]):
+            self.allocator.free(block)
+        del self.blocks[keep:]
+        self.num_tokens = num_tokens
 
     def fork(self) -> "BlockTable":
         """A child table sharing every block (reference counts + 1); writes copy on demand."""

@@ -1,0 +1,250 @@
+"""Speculative decoding: exactness of greedy and sampled verification, prompt lookup, KV rollback
+in the contiguous and the paged cache, and the formulas of ``inferlab.analysis.speculation``."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferlab.analysis import speculation
+from inferlab.analysis.roofline import Roof
+from inferlab.course.checks.lab06 import FALSE_ALARM, chi_square
+from inferlab.model.config import ModelConfig
+from inferlab.model.generate import generate
+from inferlab.model.llama import build_model
+from inferlab.model.speculative import (ModelDrafter, PagedTarget, PromptLookup, SpecStats,
+    greedy_verify, prompt_lookup, rollback, sampling_verify, speculative_generate)
+from inferlab.serving.block_manager import BlockAllocator, BlockTable, blocks_for
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.paged_cache import PagedKVCache
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small forward passes on a shared 2-core machine: one thread is faster and steadier."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from inferlab.model.weights import checkpoint_path, load_checkpoint
+
+    # float64: no rounding difference between a 1-token and a (k+1)-token pass can flip a choice
+    return (load_checkpoint(checkpoint_path("course-target")).to(torch.float64),
+            load_checkpoint(checkpoint_path("course-draft")).to(torch.float64))
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    from inferlab.model.corpus import held_out
+    from inferlab.model.weights import checkpoint_path, load_tokenizer
+
+    text = held_out("test")[1].text  # the draft is rejected often here
+    return load_tokenizer(checkpoint_path("course-target")).encode(text[:300])[:20]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 6, 9])
+def test_greedy_speculation_equals_plain_greedy(pair, prompt, k):
+    target, draft = pair
+    want = generate(target, torch.tensor(prompt), 40)[0].tolist()
+    got, stats = speculative_generate(target, ModelDrafter(draft), prompt, 40, k=k)
+    assert got == want
+    assert stats.emitted == 40
+    assert all(0 <= a <= d for a, d in zip(stats.accepted, stats.drafted))
+    lookup, _ = speculative_generate(target, PromptLookup(), prompt, 40, k=k)
+    assert lookup == want
+
+
+def test_random_draft_still_exact():
+    """A draft that knows nothing (another random model) is rejected often; the output stays exact."""
+    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
+    target = build_model(config, seed=1).to(torch.float64)
+    draft = build_model(config.scaled(n_layers=1), seed=2).to(torch.float64)
+    prompt = torch.randint(0, config.vocab_size, (7,), generator=torch.Generator().manual_seed(0))
+    want = generate(target, prompt, 30)[0].tolist()
+    for k in (1, 3, 5):
+        got, stats = speculative_generate(target, ModelDrafter(draft), prompt, 30, k=k)
+        assert got == want
+        assert stats.acceptance_rate < 0.5
+
+
+def test_paged_rollback_is_exact_and_leaks_nothing(pair, prompt):
+    target, draft = pair
+    cache = PagedKVCache.for_model(target, ServingConfig(num_blocks=20, block_size=4))
+    runner = PagedTarget(target, cache)
+    got, stats = speculative_generate(target, ModelDrafter(draft), prompt, 40, k=5,
+                                      target_cache=runner)
+    assert got == generate(target, torch.tensor(prompt), 40)[0].tolist()
+    assert any(a < d for a, d in zip(stats.accepted, stats.drafted))  # some were rolled back
+    assert len(runner.table.blocks) == blocks_for(runner.table.num_tokens, 4)
+    assert runner.table.num_tokens == len(got) - 1
+    runner.table.free()
+    assert cache.allocator.num_free == cache.allocator.num_blocks
+
+
+def test_eos_stops_generation(pair, prompt):
+    target, draft = pair
+    plain = generate(target, torch.tensor(prompt), 30)[0].tolist()
+    eos = plain[len(prompt) + 5]  # pretend the sixth generated token ends the sequence
+    got, _ = speculative_generate(target, ModelDrafter(draft), prompt, 30, k=4, eos_token_id=eos)
+    stop = plain.index(eos, len(prompt))
+    assert got == plain[:stop + 1]
+
+
+def test_first_token_distribution_matches_the_target(pair, prompt):
+    """Sampled speculation's first token follows the target's distribution: a chi-square test
+    at the stated false-alarm rate, on seeded trials, so the verdict is deterministic."""
+    target, draft = pair
+    temperature = 1.5  # flatter than the model, so that drafts are often rejected
+    with torch.inference_mode():
+        p = torch.softmax(target(torch.tensor([prompt]))[0, -1] / temperature, dim=-1)
+    counts = torch.zeros_like(p)
+    rejected = 0
+    for seed in range(300):
+        out, stats = speculative_generate(target, ModelDrafter(draft), prompt, 3, k=2,
+                                          temperature=temperature, seed=seed)
+        counts[out[len(prompt)]] += 1
+        rejected += stats.accepted[0] == 0
+    _, _, p_value = chi_square(counts, p)
+    assert p_value >= FALSE_ALARM
+    assert rejected > 20  # the residual distribution was exercised
+
+
+def test_sampling_verify_matches_p_and_the_buggy_rule_does_not():
+    p = torch.tensor([[0.1, 0.6, 0.3], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    q = torch.tensor([[0.7, 0.2, 0.1]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    good = torch.zeros(3)
+    naive = torch.zeros(3)  # keeping every draft gives q, not p
+    for _ in range(3000):
+        d = torch.multinomial(q, 1, generator=gen).squeeze(-1)
+        good[sampling_verify(p, q, d, gen)[0]] += 1
+        naive[int(d)] += 1
+    assert chi_square(good, p[0])[2] >= FALSE_ALARM
+    assert chi_square(naive, p[0])[2] < FALSE_ALARM
+
+
+def test_greedy_verify_rows():
+    logits = torch.nn.functional.one_hot(torch.tensor([2, 0, 1]), 4).double()
+    assert greedy_verify(logits, torch.tensor([2, 0])) == [2, 0, 1]
+    assert greedy_verify(logits, torch.tensor([2, 3])) == [2, 0]
+    assert greedy_verify(logits[:1], torch.tensor([], dtype=torch.long)) == [2]
+
+
+def test_prompt_lookup():
+    assert prompt_lookup([1, 2, 3, 9, 1, 2, 3], 3) == [9, 1, 2]
+    assert prompt_lookup([4, 4, 4], 4) == [4, 4, 4, 4]
+    assert prompt_lookup([1, 2, 3], 4) == []
+    assert prompt_lookup([5, 6, 1, 5, 6, 2, 5, 6], 1) == [2]
+    assert prompt_lookup([1], 3) == []
+
+
+def test_stats():
+    s = SpecStats(drafted=[4, 4, 4, 2], accepted=[4, 1, 0, 2])
+    assert s.emitted == 7 + 4
+    assert s.tested == 4 + 2 + 1 + 2
+    assert s.acceptance_rate == pytest.approx(7 / 9)
+    assert s.tokens_per_verification(4) == pytest.approx((5 + 2 + 1) / 3)
+
+
+def test_rollback_contiguous_cache_refuses_growth():
+    from inferlab.model.kv_cache import KVCache
+
+    cache = KVCache(1, 1, 1, 8, 2)
+    cache.length = 5
+    rollback(cache, 3)
+    assert cache.length == 3
+    with pytest.raises(ValueError):
+        rollback(cache, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.integers(0, 8)),
+                min_size=1, max_size=120),
+       st.sampled_from([1, 2, 4, 16]))
+def test_truncate_after_many_rejections_leaks_no_block(rounds, block_size):
+    """Random verifications on several tables (two share blocks by a fork): after each, every
+    table holds exactly the blocks of its tokens and the allocator's counts match the tables."""
+    alloc = BlockAllocator(4096)
+    tables = [BlockTable(alloc, block_size) for _ in range(3)]
+    tables[0].append(5)
+    tables.append(tables[0].fork())
+    for which, k, kept in rounds:
+        t = tables[which]
+        before = t.num_tokens
+        t.append(k + 1)
+        t.truncate(before + min(kept, k) + 1)
+        assert t.num_tokens == before + min(kept, k) + 1
+        assert len(t.blocks) == blocks_for(t.num_tokens, block_size)
+        assert sum(alloc.refcount(b) for b in range(alloc.num_blocks)) == \
+            sum(len(x.blocks) for x in tables)
+    for t in tables:
+        t.free()
+    assert alloc.num_free == alloc.num_blocks
+
+
+def test_truncate_refuses_growth():
+    t = BlockTable(BlockAllocator(4), 2)
+    t.append(3)
+    with pytest.raises(ValueError):
+        t.truncate(4)
+
+
+# The formulas
+
+
+@pytest.mark.parametrize("a, k", [(0.0, 3), (0.3, 1), (0.6, 4), (0.9, 10), (1.0, 6)])
+def test_expected_tokens_is_the_geometric_sum(a, k):
+    assert speculation.expected_tokens(a, k) == pytest.approx(sum(a ** i for i in range(k + 1)))
+
+
+def test_expected_tokens_by_simulation():
+    """Drafts accepted independently with probability a, up to the first rejection."""
+    gen = torch.Generator().manual_seed(0)
+    a, k, n = 0.7, 4, 20000
+    kept = (torch.rand(n, k, generator=gen) < a).int().cumprod(dim=1).sum(dim=1)
+    assert float((kept + 1).double().mean()) == pytest.approx(speculation.expected_tokens(a, k),
+                                                              rel=0.02)
+
+
+def test_speedup_and_best_k():
+    # Leviathan et al.'s Theorem 3.8 at a = 0.8, c = 0.05, k = 5 (their Figure 3 area).
+    assert speculation.speedup(0.8, 5, 0.05) == pytest.approx((1 - 0.8 ** 6) / 0.2 / 1.25)
+    assert speculation.speedup(0.5, 0, 0.3) == 1.0
+    assert speculation.best_k(0.0, 0.1) == 0  # nothing is ever accepted
+    assert speculation.best_k(0.9, 0.01) > speculation.best_k(0.6, 0.01) > 0
+    k = speculation.best_k(0.8, 0.1)
+    assert all(speculation.speedup(0.8, k, 0.1) >= speculation.speedup(0.8, j, 0.1)
+               for j in range(20))
+
+
+def test_acceptance_needed_inverts_speedup():
+    a = speculation.acceptance_needed(1.5, 3, 0.3)
+    assert speculation.speedup(a, 3, 0.3) == pytest.approx(1.5, rel=1e-9)
+    assert speculation.acceptance_needed(10, 3, 0.3) == math.inf
+
+
+def test_batched_speedup_falls_to_a_crossover_near_the_critical_batch():
+    from inferlab.analysis import formulas
+
+    config = ModelConfig.from_name("llama-2-7b")
+    roof = Roof("H100", 989e12, 3.35e12)
+    a, k, c = 0.8, 4, 0.05
+    assert speculation.batched_speedup(config, roof, 1, a, k, c) == \
+        pytest.approx(speculation.speedup(a, k, c), rel=1e-6)
+    b = speculation.crossover_batch(config, roof, a, k, c)
+    critical = formulas.critical_batch_size(roof.peak_flops, roof.bandwidth)
+    assert critical / (k + 1) < b < critical  # verification turns compute-bound first
+    assert speculation.batched_speedup(config, roof, b, a, k, c) <= 1 < \
+        speculation.batched_speedup(config, roof, b - 1, a, k, c)
+
+
+@pytest.mark.parametrize("bad", [dict(a=1.2, k=2), dict(a=0.5, k=-1), dict(a=0.5, k=1.5)])
+def test_formulas_refuse_bad_input(bad):
+    with pytest.raises(ValueError):
+        speculation.expected_tokens(**bad)
