@@ -333,17 +333,15 @@ class Scheduler:
                                           "every running sequence decodes in every step")
 
 
-def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
-    """Iteration-level batching with preemption by recompute (vLLM's default policy).
-
-    1. Every running sequence, oldest first, gets a slot for its next token. When the pool is
-       empty, preempt the latest-arrived running sequence (possibly this one) until it fits.
-    2. If nobody was preempted, admit waiting sequences in arrival order while a batch slot,
-       their memory and the prefill-token budget allow; stop at the first that does not fit.
-    """
-    step = Step()
+def _schedule_decodes(sched: Scheduler, step: Step, skip_prefilling: bool = False) -> None:
+    """Give every running sequence a slot for its next token, oldest first; when the pool is
+    empty, preempt the latest arrival (possibly the sequence itself) until the slot fits. Both
+    policies begin a step this way; the chunked one skips sequences whose prompt is not yet
+    computed (``skip_prefilling``), since those get prefill work, not a decode."""
     for seq in list(sched.running):  # oldest first; the list changes as we preempt
         if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+            continue
+        if skip_prefilling and sched.is_prefilling(seq):  # its prompt is not computed yet
             continue
         while not sched.can_append(seq):
             victim = sched.running[-1]  # the latest arrival
@@ -354,6 +352,18 @@ def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
         else:
             sched.append_slot(seq)
             step.decodes.append(seq)
+
+
+def continuous_policy(sched: Scheduler, now: float = 0.0) -> Step:
+    """Iteration-level batching with preemption by recompute (vLLM's default policy).
+
+    1. Every running sequence, oldest first, gets a slot for its next token. When the pool is
+       empty, preempt the latest-arrived running sequence (possibly this one) until it fits.
+    2. If nobody was preempted, admit waiting sequences in arrival order while a batch slot,
+       their memory and the prefill-token budget allow; stop at the first that does not fit.
+    """
+    step = Step()
+    _schedule_decodes(sched, step)
     if step.preempted:  # memory is short: admitting now would only preempt again
         return step
     budget = sched.max_prefill_tokens
@@ -382,18 +392,7 @@ def chunked_policy(sched: Scheduler, now: float = 0.0) -> Step:
     """
     step = Step()
     begun = [s for s in sched.running if sched.is_prefilling(s)]  # prompts chunked earlier
-    for seq in list(sched.running):  # oldest first; the list changes as we preempt
-        if seq.status is not Status.RUNNING or sched.is_prefilling(seq):
-            continue  # preempted earlier in this loop, or its prompt is not computed yet
-        while not sched.can_append(seq):
-            victim = sched.running[-1]  # the latest arrival
-            sched.preempt(victim)
-            step.preempted.append(victim)
-            if victim is seq:
-                break
-        else:
-            sched.append_slot(seq)
-            step.decodes.append(seq)
+    _schedule_decodes(sched, step, skip_prefilling=True)
     budget = sched.token_budget - len(step.decodes)
     for seq in begun:
         if seq.status is Status.RUNNING and budget > 0:  # not preempted above
