@@ -22,3 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for the test (restored after). Small forward passes on a shared
+    2-core machine are faster and steadier on one thread, and with a server's engine thread
+    running beside the test, OpenMP's spinning threads can slow either side many times over.
+    A module uses it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

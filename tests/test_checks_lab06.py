@@ -10,12 +10,7 @@ from inferlab.model import speculative
 from inferlab.serving.block_manager import blocks_for
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def stub(*args):

@@ -3,7 +3,9 @@ the bar: 300 streamed requests from 32 concurrent clients, a tenth hanging up mi
 
 import asyncio
 import json
+import socket
 import threading
+import time
 from functools import lru_cache
 
 import httpx
@@ -30,14 +32,7 @@ def model_and_tokenizer():
     return model, load_tokenizer(path, model)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a loaded 2-core machine OpenMP's spinning threads can make the
-    main thread's forwards many times slower than the engine thread's."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def start(config=ServingConfig(num_blocks=256, max_batch=32), prefix_cache=False, **kwargs):
@@ -75,6 +70,22 @@ def test_the_official_openai_client_streaming_and_not(server):
     assert [m.id for m in client.models.list().data] == [NAME]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+
+
+def test_responses_leave_at_once_without_nagles_delay(server):
+    """The listening socket is TCP (``IPPROTO_TCP``), so asyncio sets TCP_NODELAY on every
+    connection: a response's headers and body, written separately, leave at once. A plain
+    ``socket()`` (protocol 0) did not, and each body then waited for the client's delayed ACK,
+    40 ms a response."""
+    srv, _ = server
+    assert srv._sock.proto == socket.IPPROTO_TCP
+    with httpx.Client(base_url=srv.url) as client:
+        times = []
+        for _ in range(7):
+            t = time.perf_counter()
+            assert client.get("/v1/models").status_code == 200
+            times.append(time.perf_counter() - t)
+    assert sorted(times)[3] < 0.025, times
 
 
 BAD = [

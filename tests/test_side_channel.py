@@ -2,7 +2,6 @@
 (no cross-tenant cache hit at all) when the cache is salted per tenant."""
 
 import pytest
-import torch
 
 from inferlab.loadgen.side_channel import run_attack, threshold
 from inferlab.serve.__main__ import build
@@ -10,12 +9,7 @@ from inferlab.serve.background import BackgroundServer
 from inferlab.serve.tenants import Tenants
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_threshold_is_midway_between_medians():

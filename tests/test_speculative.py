@@ -21,13 +21,7 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_cache import PagedKVCache
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small forward passes on a shared 2-core machine: one thread is faster and steadier."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

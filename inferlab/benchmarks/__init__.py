@@ -9,6 +9,8 @@ with Hugging Face transformers where transformers is installed (it is not a requ
 GPU; it records to ``data/measurements/`` only with ``--json``). ``quant`` times int8 weight-only
 decode against float and scores each weight format's perplexity (Chapter 5). ``prefill_decode``
 measures chunked prefill on the engine and, with ``--goodput``, runs
-``disaggregation_study``, Chapter 7's simulated cluster study. ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
+``disaggregation_study``, Chapter 7's simulated cluster study. ``loadgen_agreement`` runs
+Chapter 9's load generator against the course server and compares its view with the engine's
+clock, request by request. ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
 eight minutes.
 """

@@ -6,7 +6,8 @@
 ``--rate`` takes a comma-separated list (one run per rate, for the latency-throughput curve;
 ``inf`` sends everything at once); ``--arrivals-file`` replays given send times instead. The model name defaults to the first one ``/v1/models``
 lists. Prints the table of each run and writes the JSON (and, with several runs or ``--plot``,
-the plot next to it).
+the plot next to it); ``--detailed`` adds every request's id, send time and chunk times, to
+match a run request by request with a server's own records.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 import httpx
 
 from inferlab.loadgen.client import make_load, run
-from inferlab.loadgen.report import plot, report, table, write_json
+from inferlab.loadgen.report import detailed, plot, report, table, write_json
 from inferlab.serving.metrics import SLO
 
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--slo-tpot", type=float, default=0.1, help="seconds")
     p.add_argument("--out", default=None, help="JSON file to write")
     p.add_argument("--plot", action="store_true", help="also write OUT with .png")
+    p.add_argument("--detailed", action="store_true",
+                   help="also save every request's id, send time and chunk times in the JSON")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
@@ -57,12 +60,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for rate in (float(r) for r in a.rate.split(",")):
         load = make_load(a.trace, a.num_requests, rate, a.scale, a.max_len, a.vocab_size,
                          a.seed, arrivals)
-        row = report(run(a.url, model, load, api_key=a.api_key, progress=not a.no_progress),
-                     slo, None if math.isinf(rate) or math.isnan(rate) else rate)
+        outcomes = run(a.url, model, load, api_key=a.api_key, progress=not a.no_progress)
+        row = report(outcomes, slo, None if math.isinf(rate) or math.isnan(rate) else rate)
         print(f"\n{model} at {a.url}, {a.trace} x{a.scale:g}, {a.num_requests} requests, "
               f"rate {rate:g}/s")
         print(table(row))
-        rows.append(row)
+        rows.append({**row, "requests": detailed(outcomes)} if a.detailed else row)
     if a.out:
         meta = {"url": a.url, "model": model, "trace": a.trace, "scale": a.scale,
                 "max_len": a.max_len, "num_requests": a.num_requests, "seed": a.seed,

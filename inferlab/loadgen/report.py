@@ -38,6 +38,16 @@ def report(outcomes, slo: SLO | None = None, rate: float | None = None) -> dict:
     return row
 
 
+def detailed(outcomes) -> list[dict]:
+    """Each request as sent and seen: the server's response id, the send time and every
+    chunk's time on the load's clock (s), the status, any error; what ``--detailed`` saves, so
+    that a run can be matched request by request with a server's own records."""
+    return [{"id": o.response_id, "prompt_tokens": len(o.request.prompt),
+             "max_tokens": o.request.max_tokens, "sent_s": o.sent_s,
+             "chunk_times_s": list(o.chunk_times_s), "status": o.status, "error": o.error}
+            for o in outcomes]
+
+
 def table(row: dict) -> str:
     """The Chapter 4 table of one run: each latency's mean and percentiles in ms, then rates."""
     lines = [f"{'metric':<14}{'mean':>10}{'p50':>10}{'p95':>10}{'p99':>10}  (ms)"]
