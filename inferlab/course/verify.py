@@ -60,24 +60,35 @@ def _exec_file(name: str, path: str):
     return module
 
 
+# Modules of checks/ that lab checks import (``from inferlab.course.checks.oracle import ...``):
+# run anew too, so that a check's oracle is as fresh as the check.
+HELPERS = ("oracle",)
+
+
 def load_checks(checks_dir: str, module: str):
     """``(base, lab)``: ``checks/__init__.py`` and ``checks/<module>.py`` executed anew.
 
     While the lab's file runs, the fresh base stands in for ``inferlab.course.checks`` so that its
-    ``from inferlab.course.checks import run_check`` gets the fresh one; the notebook's own module
-    is put back afterwards.
+    ``from inferlab.course.checks import run_check`` gets the fresh one, and each of ``HELPERS``,
+    executed anew, for ``inferlab.course.checks.<helper>``; the notebook's own modules are put
+    back afterwards.
     """
     base = _exec_file("inferlab_grading_checks", os.path.join(checks_dir, "__init__.py"))
     key = "inferlab.course.checks"
-    saved = sys.modules.get(key)
+    names = (key, *(f"{key}.{h}" for h in HELPERS))
+    saved = {name: sys.modules.get(name) for name in names}
     sys.modules[key] = base
     try:
+        for helper in HELPERS:
+            sys.modules[f"{key}.{helper}"] = _exec_file(f"inferlab_grading_{helper}",
+                                                        os.path.join(checks_dir, f"{helper}.py"))
         lab = _exec_file(f"inferlab_grading_{module}", os.path.join(checks_dir, f"{module}.py"))
     finally:
-        if saved is None:
-            sys.modules.pop(key, None)
-        else:
-            sys.modules[key] = saved
+        for name, module_before in saved.items():
+            if module_before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module_before
     return base, lab
 
 

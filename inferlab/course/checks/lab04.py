@@ -5,23 +5,22 @@ Oracles that need no solution:
 - the scheduling policies are replayed on fixed traces under memory pressure, step by step,
   against ``inferlab.serving.scheduler``'s policies (with a hint naming the first rule broken), and the
   continuous one also drives the real engine, whose every output must equal generating that
-  request alone with the contiguous KV cache (``inferlab.model.generate``), preemptions included;
+  request alone with the contiguous KV cache (``inferlab.course.checks.oracle``), preemptions
+  included;
 - the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
 - the prediction with ``inferlab.serving.metrics.static_slot_utilisation``.
 
-The model the checks run is a 2-layer version of ``tiny`` in float64 on the CPU, whatever the
-learner's device: batched and single-row matmuls round differently, and in float64 that can
-never flip a greedy choice, so "identical to generating it alone" is exact.
+The model the checks run is the oracle's 2-layer ``tiny`` in float64 on the CPU, whatever the
+learner's device (``inferlab.course.checks.oracle`` says why).
 """
 
 from __future__ import annotations
-
-from functools import lru_cache
 
 import numpy as np
 import torch
 
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
+from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.serving import metrics, scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
@@ -31,23 +30,7 @@ from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 
 
-# -- the oracle's model and traces ----------------------------------------------------------
-@lru_cache(maxsize=1)
-def _model():
-    from inferlab.model.config import ModelConfig
-    from inferlab.model.llama import build_model
-
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=256)
-    return build_model(config, seed=0).to(torch.float64)
-
-
-@lru_cache(maxsize=None)
-def _alone(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    from inferlab.model.generate import generate
-
-    return tuple(generate(_model(), torch.tensor(prompt), n)[0, len(prompt):].tolist())
-
-
+# -- the oracle's traces ----------------------------------------------------------
 def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float) -> list[Request]:
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -199,7 +182,7 @@ def continuous_policy(fn):
                          "must give its blocks back (the Scheduler's actions do).")
         # The check that matters most: real tokens, under memory pressure, equal generating alone.
         requests = _requests(7, 8, 12, 12, 0.0)
-        run = serve(_model(), requests, ServingConfig(num_blocks=8, block_size=4, max_batch=6,
+        run = serve(tiny_model(), requests, ServingConfig(num_blocks=8, block_size=4, max_batch=6,
                                                       policy=f))
         if run.num_preemptions == 0:
             raise CheckFailed("8 requests in 8 blocks of 4 tokens ran without a single "
@@ -208,7 +191,7 @@ def continuous_policy(fn):
         for request, result in zip(requests, run.results):
             expect_equal(f"the tokens of request {result.request_id} (preempted "
                          f"{result.num_preemptions} times)", list(result.tokens),
-                         list(_alone(request.prompt, request.max_new_tokens)),
+                         list(alone(request.prompt, request.max_new_tokens)),
                          hint="with the same scheduler decisions the engine recomputes a "
                               "preempted request from its prompt and output; a difference "
                               "means a sequence was run at the wrong time.")

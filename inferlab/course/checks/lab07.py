@@ -5,20 +5,19 @@ Oracles that need no solution:
 - the chunked policy is replayed on fixed traces, with long prompts and too little memory for
   everyone at once, step by step against ``inferlab.serving.scheduler.chunked_policy`` (with a
   hint naming the first rule broken), and it also drives the real engine, whose every output
-  must equal generating that request alone (a 2-layer ``tiny`` model in float64, so that no
-  rounding can flip a greedy choice);
+  must equal generating that request alone (``inferlab.course.checks.oracle``: a 2-layer
+  ``tiny`` model in float64, so that no rounding can flip a greedy choice);
 - the transfer time against ``inferlab.analysis.formulas.kv_bytes`` over the link;
 - the attainment curve against ``inferlab.serving.metrics.SLO.met_by``, request by request.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from inferlab.analysis import formulas, request_time
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
+from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.model.config import ModelConfig
 from inferlab.serving import scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
@@ -29,21 +28,6 @@ from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 from inferlab.sim import goodput
-
-
-@lru_cache(maxsize=1)
-def _model():
-    from inferlab.model.llama import build_model
-
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=256)
-    return build_model(config, seed=0).to(torch.float64)
-
-
-@lru_cache(maxsize=None)
-def _alone(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    from inferlab.model.generate import generate
-
-    return tuple(generate(_model(), torch.tensor(prompt), n)[0, len(prompt):].tolist())
 
 
 def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float) -> list[Request]:
@@ -151,7 +135,7 @@ def chunked_policy(fn):
             expect_equal(f"free blocks after {_where(trace)}", sched.memory.num_free,
                          sched.memory.num_blocks, hint="use the Scheduler's actions only.")
         requests = _requests(8, 8, 60, 24, 0.0)
-        run = serve(_model(), requests, ServingConfig(num_blocks=14, block_size=4, max_batch=4,
+        run = serve(tiny_model(), requests, ServingConfig(num_blocks=14, block_size=4, max_batch=4,
                                                       policy=f, token_budget=16))
         if run.num_preemptions == 0:
             raise CheckFailed("8 requests in 14 blocks of 4 tokens ran without a preemption, "
@@ -159,7 +143,7 @@ def chunked_policy(fn):
                               "decoding sequence cannot get its next slot.")
         for request, result in zip(requests, run.results):
             expect_equal(f"the tokens of request {result.request_id}", list(result.tokens),
-                         list(_alone(request.prompt, request.max_new_tokens)),
+                         list(alone(request.prompt, request.max_new_tokens)),
                          hint="a chunk must continue where the last one stopped; the step "
                               "that computes a prompt's last chunk samples its first token.")
     return run_check("7.1", "chunked_policy", fn, scheduler.chunked_policy, cases,
