@@ -1,9 +1,11 @@
 """The prefix-cache timing side channel: it works against a shared cache and falls to chance
 (no cross-tenant cache hit at all) when the cache is salted per tenant."""
 
+import json
+
 import pytest
 
-from inferlab.loadgen.side_channel import run_attack, threshold
+from inferlab.loadgen.side_channel import main, run_attack, threshold
 from inferlab.serve.__main__ import build
 from inferlab.serve.background import BackgroundServer
 from inferlab.serve.tenants import Tenants
@@ -33,3 +35,17 @@ def test_attack_against_shared_and_salted_caches(salted):
         assert hits == own + victim_sent * (384 // 16)
         assert r["accuracy"] >= 0.75, r
     assert r["hit_median_s"] < r["miss_median_s"]
+
+
+def test_command_line_reports_accuracy_and_cost(tmp_path, capsys):
+    app = build(max_batch=8, num_blocks=512, token_budget=512, prefix_cache=True,
+                tenants=Tenants({"kv": "victim", "ka": "attacker"}, salted=True))
+    out = tmp_path / "attack.json"
+    with BackgroundServer(app) as srv:
+        r = main(["--url", srv.url, "--victim-key", "kv", "--attacker-key", "ka", "--trials", "6",
+                  "--secret-len", "64", "--calibration", "2", "--cost", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "guessed right" in printed and "requests/s" in printed
+    saved = json.loads(out.read_text())
+    assert saved["model"] == "course-target" and saved["trials"] == 6 == len(saved["sent"])
+    assert saved["accuracy"] == r["accuracy"] and saved["shared_prefix_cost"]["requests"] == 6

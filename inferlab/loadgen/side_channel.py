@@ -85,3 +85,56 @@ def shared_prefix_cost(url: str, model: str, keys: list[str | None], rounds: int
                 times.append(probe(c, model, system + _ids(rng, 16, vocab_size), key))
         total = time.perf_counter() - t0
     return {"mean_ttft_s": statistics.mean(times), "total_s": total, "requests": len(times)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m inferlab.loadgen.side_channel``: run the attack against a server.
+
+        python -m inferlab.serve --port 8001 --prefix-cache shared --api-key kv=victim \\
+            --api-key ka=attacker
+        python -m inferlab.loadgen.side_channel --url http://127.0.0.1:8001 \\
+            --victim-key kv --attacker-key ka --trials 40
+
+    Prints the attack's accuracy, the attacker's calibration and, with ``--cost``, what two
+    tenants who share a system prompt pay on that server (mean TTFT and requests per second).
+    """
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m inferlab.loadgen.side_channel",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="default: the server's first model")
+    p.add_argument("--victim-key", required=True)
+    p.add_argument("--attacker-key", required=True)
+    p.add_argument("--trials", type=int, default=40)
+    p.add_argument("--secret-len", type=int, default=384, help="tokens in each secret prefix")
+    p.add_argument("--calibration", type=int, default=5, help="the attacker's own probe pairs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost", action="store_true",
+                   help="also time two tenants sharing a system prompt")
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    a = p.parse_args(argv)
+    model = a.model or httpx.get(a.url.rstrip("/") + "/v1/models", timeout=30,
+                                 headers={"Authorization": f"Bearer {a.attacker_key}"}
+                                 ).json()["data"][0]["id"]
+    r = run_attack(a.url, model, a.victim_key, a.attacker_key, a.trials, a.secret_len,
+                   a.calibration, seed=a.seed)
+    print(f"{model} at {a.url}: the attacker guessed right {r['accuracy']:.1%} of {r['trials']} "
+          f"trials (chance: 50%); its own cache hits {r['hit_median_s'] * 1e3:.1f} ms, misses "
+          f"{r['miss_median_s'] * 1e3:.1f} ms, threshold {r['threshold_s'] * 1e3:.1f} ms")
+    if a.cost:
+        cost = shared_prefix_cost(a.url, model, [a.victim_key, a.attacker_key],
+                                  prefix_len=a.secret_len, seed=a.seed + 1)
+        r["shared_prefix_cost"] = cost
+        print(f"two tenants sharing a {a.secret_len}-token system prompt: mean TTFT "
+              f"{cost['mean_ttft_s'] * 1e3:.1f} ms, {cost['requests'] / cost['total_s']:.1f} "
+              "requests/s")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"url": a.url, "model": model, **r}, f, indent=2)
+    return r
+
+
+if __name__ == "__main__":
+    main()
