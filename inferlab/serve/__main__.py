@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's intra-op threads on the CPU (default: torch's choice); leave a "
+                        "core for the HTTP server and the clients")
     p.add_argument("--max-batch", type=int, default=32, help="sequences running at once")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks of 16 tokens")
     p.add_argument("--token-budget", type=int, default=None,
@@ -59,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-in-flight", type=int, default=None, help="requests per tenant")
     p.add_argument("--prefix-cache", choices=["off", "shared", "salted"], default="off")
     a = p.parse_args(argv)
+    if a.threads is not None:
+        import torch
+
+        torch.set_num_threads(a.threads)
     tenants = Tenants.parse(a.api_key, max_in_flight=a.max_in_flight,
                             salted=a.prefix_cache == "salted")
     budget = a.token_budget or (max(256, a.max_batch) if a.prefix_cache != "off" else None)
