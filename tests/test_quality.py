@@ -13,8 +13,8 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.generate import generate_text
 from inferlab.model.llama import build_model
 from inferlab.model.quality import Score, Unigram, agreement, score, token_ids, token_nats
-from inferlab.model.weights import (SINGLE_NAME, check_vocabulary, load_checkpoint,
-                                    load_tokenizer, save_checkpoint)
+from inferlab.model.generate import check_vocabulary
+from inferlab.model.weights import SINGLE_NAME, load_checkpoint, load_tokenizer, save_checkpoint
 
 TOY = ModelConfig.from_name("tiny").scaled(n_layers=2, vocab_size=64, max_seq_len=32)
 

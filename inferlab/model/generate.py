@@ -142,6 +142,18 @@ def generate_without_cache(model, prompt, max_new_tokens: int, temperature: floa
     return tokens
 
 
+def check_vocabulary(model, tokenizer) -> None:
+    """Refuse a tokenizer that can produce ids the model has no embedding for (another
+    checkpoint's tokenizer). A model's table may be larger than its tokenizer (padding rows)."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if size is not None and size > model.config.vocab_size:
+        where = getattr(tokenizer, "path", None)
+        raise ValueError(f"the tokenizer {where / 'tokenizer.json' if where else ''} has {size} "
+                         f"tokens but the model has {model.config.vocab_size} (vocab_size in its "
+                         "config.json): they belong to different checkpoints. Load both from "
+                         "the same directory: load_checkpoint(path) and load_tokenizer(path)")
+
+
 def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 32, use_cache: bool = True,
                   temperature: float = 0.0, seed: int = 0, stop_at_eos: bool = True) -> str:
     """Continue ``prompt`` (a string) and return only the new text.
@@ -151,8 +163,6 @@ def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 32, use_c
     loop instead: the same text, more slowly. Generation stops at the tokenizer's
     ``eos_token_id`` (when it has one) unless ``stop_at_eos`` is False.
     """
-    from inferlab.model.weights import check_vocabulary  # weights imports this module
-
     check_vocabulary(model, tokenizer)
     ids = list(tokenizer.encode(prompt))
     if not ids:

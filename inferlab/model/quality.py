@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from inferlab.data import read_table
-from inferlab.model.weights import check_vocabulary
+from inferlab.model.generate import check_vocabulary
 
 
 @dataclass(frozen=True)

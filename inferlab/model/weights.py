@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 
 from inferlab.data import data_path
 from inferlab.device import parse_dtype, supported_dtypes
+from inferlab.model.generate import check_vocabulary
 from inferlab.model.generate import generate_text  # noqa: F401  (re-exported for Colab users)
 from inferlab.model.llama import Llama
 from inferlab.model.config import ModelConfig
@@ -266,18 +267,6 @@ def _eos_from_files(path: Path, token_to_id) -> int | list[int] | None:
         if token:
             return token_to_id(token)
     return None
-
-
-def check_vocabulary(model, tokenizer) -> None:
-    """Refuse a tokenizer that can produce ids the model has no embedding for (another
-    checkpoint's tokenizer). A model's table may be larger than its tokenizer (padding rows)."""
-    size = getattr(tokenizer, "vocab_size", None)
-    if size is not None and size > model.config.vocab_size:
-        where = getattr(tokenizer, "path", None)
-        raise ValueError(f"the tokenizer {where / 'tokenizer.json' if where else ''} has {size} "
-                         f"tokens but the model has {model.config.vocab_size} (vocab_size in its "
-                         "config.json): they belong to different checkpoints. Load both from "
-                         "the same directory: load_checkpoint(path) and load_tokenizer(path)")
 
 
 def load_tokenizer(path: str | Path, model=None) -> Tokenizer:

@@ -29,6 +29,7 @@ to time side by side.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -58,6 +59,18 @@ def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """
     B, N = index.shape
     return pool[index.reshape(-1)].view(B, N, *pool.shape[1:]).transpose(1, 2)  # (B, K, N, D)
+
+
+def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """int64 tensors of several host lists, moved to ``device`` in one copy (pinned on a GPU):
+    a step's attention metadata crosses to the device once, not once a list."""
+    sizes = [len(x) for x in lists]
+    host = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory().to(device, non_blocking=True)
+    elif host.device != device:
+        host = host.to(device)
+    return list(host.split(sizes))
 
 
 def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:

@@ -25,7 +25,6 @@ layer from the number of new tokens, which is what hand-written loops in the lab
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -34,19 +33,8 @@ import torch.nn.functional as F
 from inferlab.serving import ragged
 from inferlab.serving.block_manager import BlockManager, BlockTable
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
-    paged_decode)
+    paged_decode, to_device)
 from inferlab.validation import positive_ints
-
-
-def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """int64 tensors of several host lists, moved to ``device`` in one copy (pinned on a GPU)."""
-    sizes = [len(x) for x in lists]
-    host = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory().to(device, non_blocking=True)
-    elif host.device != device:
-        host = host.to(device)
-    return list(host.split(sizes))
 
 
 @dataclass(frozen=True)

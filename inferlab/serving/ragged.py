@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from inferlab.serving.block_manager import BlockTable, blocks_for
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
-    paged_decode)
+    paged_decode, to_device)
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,6 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
     whose table is ``tables[b]``; the table must have slots for them. Put the one-token rows
     first: they are attended together. ``group`` query heads share a KV head.
     """
-    from inferlab.serving.paged_cache import to_device  # one copy, pinned on a GPU
-
     lens = [len(t) for t in tokens]
     if not lens or min(lens) < 1 or len(tables) != len(lens) or len(starts) != len(lens):
         raise ValueError("need one table, one start and at least one new token for every row")
