@@ -46,6 +46,9 @@ def test_loadgen_agrees_with_the_engine_under_chapter_nines_load():
     # a few ms, not Nagle's algorithm meeting a delayed ACK (40 ms a response, seen before the
     # server's socket set TCP_NODELAY)
     assert views["http_path_s"]["median"] < 0.02, views["http_path_s"]
+    # the server's part of it: the first token reaches the HTTP layer soon after its forward
+    # pass, not after the step's decode batch too
+    assert 0 <= views["handover_s"]["median"] <= views["http_path_s"]["median"], views
 
 
 def test_loadgen_command_agrees_with_the_engine_when_requests_queue():

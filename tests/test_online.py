@@ -129,3 +129,34 @@ def test_a_crashed_loop_ends_every_stream_and_says_so():
     assert not eng.alive and isinstance(eng.error, RuntimeError)
     with pytest.raises(EngineClosedError):
         eng.submit(requests(1)[0])
+
+
+def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
+    """A newcomer's first token leaves when its prefill ends, not after the decode batch that
+    runs later in the same step: while that batch is held back, the token is already there."""
+    first, second = requests(2, seed=5, max_new=40)
+    a = engine.submit(Request(first.prompt, 40))  # no EOS: it keeps decoding
+    next(iter(a))  # a is running: from now on every step has a decode batch
+    entered, go, holding = threading.Semaphore(0), threading.Semaphore(0), [True]
+    real_decode = engine.server.runner.decode
+
+    def held_decode(rows):
+        if holding[0]:
+            entered.release()
+            assert go.acquire(timeout=10), "the test never let the decode batch go"
+        return real_decode(rows)
+
+    engine.server.runner.decode = held_decode
+    try:
+        assert entered.acquire(timeout=10)  # a step is in a's decode batch
+        b = engine.submit(second)           # admitted at the next step
+        go.release()
+        assert entered.acquire(timeout=10)  # the next step ran b's prefill and holds a's decode
+        token = b._queue.get(timeout=5)     # yet b's first token is already in its stream
+        want = serve(model(), [second], CONFIG).results[0].tokens[0]
+        assert token == want
+    finally:
+        holding[0] = False
+        for _ in range(4):
+            go.release()
+        engine.server.runner.decode = real_decode

@@ -153,8 +153,9 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                              temperature=req.temperature, seed=req.seed,
                              cache_salt=tenants.cache_salt(tenant))
 
-    def finish(cid, tenant, stream, detok, reason_if_aborted):
-        """The finish reason, and the record of the engine's timing."""
+    def finish(cid, tenant, stream, detok, reason_if_aborted, first_chunk_s=None):
+        """The finish reason, and the record of the engine's timing (with, for a stream, when
+        the handler passed its first token's chunk to the HTTP layer, on the engine's clock)."""
         fin = stream.finished
         reason = "stop" if detok.stopped else fin.reason if fin else reason_if_aborted
         timing = fin.timing if fin else None
@@ -162,7 +163,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         if timing is not None:
             app.state.records.append({"id": cid, "tenant": tenant, "reason": reason,
                                       "arrival_s": timing.arrival_s,
-                                      "token_times_s": timing.token_times_s})
+                                      "token_times_s": timing.token_times_s,
+                                      "first_chunk_s": first_chunk_s})
         return reason
 
     @app.post("/v1/completions")
@@ -201,7 +203,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
 
         if req.stream:
             async def events():
-                reason = "abort"
+                reason, first_chunk_s = "abort", None
                 try:
                     async for token in stream:
                         delta = detok.push(token)
@@ -209,9 +211,12 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                             break
                         # a chunk per token, even when its text is held back (""), so that a
                         # client's chunk times are token times
-                        yield json.dumps(completion(cid, model_name, delta, None, None, created))
+                        chunk = json.dumps(completion(cid, model_name, delta, None, None, created))
+                        if first_chunk_s is None:
+                            first_chunk_s = engine.clock.now()
+                        yield chunk
                     delta = detok.flush()
-                    reason = finish(cid, tenant, stream, detok, "stop")
+                    reason = finish(cid, tenant, stream, detok, "stop", first_chunk_s)
                     yield json.dumps(completion(cid, model_name, delta, reason,
                                                 usage(n_prompt, len(stream.tokens)), created))
                     yield "[DONE]"

@@ -141,12 +141,17 @@ class Server:
     (or skips the clock to the next arrival) and returns the sequences that finished; ``stamps``
     holds every sequence's token times. ``ready_s`` says when it can next do something, which is
     how a cluster of servers on one timeline decides whose step comes first.
+
+    ``on_prefill(seq, token)``, when set, hears of a prefill's token as soon as its own forward
+    pass ends, before the step's decode batch runs: an online engine streams it at once, so the
+    first token leaves when its stamp says (the scheduler records it at the step's end).
     """
 
     def __init__(self, scheduler: Scheduler, runner, clock,
-                 on_iteration: Callable[[Iteration], None] | None = None):
+                 on_iteration: Callable[[Iteration], None] | None = None,
+                 on_prefill: Callable[[Sequence, int], None] | None = None):
         self.scheduler, self.runner, self.clock = scheduler, runner, clock
-        self.on_iteration = on_iteration
+        self.on_iteration, self.on_prefill = on_iteration, on_prefill
         self.chunked = scheduler.token_budget is not None
         self.stamps: dict[int, list[float]] = {}
         self._pending: list[tuple[float, int, Sequence]] = []  # a heap: (time, id, sequence)
@@ -213,6 +218,8 @@ class Server:
             t1 = self.clock.now()
             self.stamps[seq.seq_id].append(t1)
             prefills.append((seq.seq_id, seq.num_tokens, t1 - t0))
+            if self.on_prefill is not None:
+                self.on_prefill(seq, int(tokens[-1]))
         padding = self.scheduler.padding
         rows = step.decodes + padding
         decode_s, context = 0.0, sum(s.table.num_tokens for s in rows)

@@ -10,6 +10,9 @@ paged cache are exactly the offline engine's:
   the loop lets the request in before its next step, stamped with the time it arrived.
 - After every step the loop pushes each sequence's new tokens into its ``Stream``, and a last
   ``Finished`` event (the finish reason and the engine's own ``RequestTiming``) when it is done.
+  A prefill's token goes out sooner, as soon as its own forward pass ends (``Server``'s
+  ``on_prefill``), rather than after the step's decode batch: a newcomer's TTFT does not wait
+  for everyone else's next token.
   A ``Stream`` is read by blocking iteration (``for token in stream``) or, from asyncio, by
   ``async for`` once made with ``loop=`` (the tokens then cross threads with
   ``call_soon_threadsafe``: the engine never waits for a slow reader).
@@ -128,7 +131,8 @@ class OnlineEngine:
             model, config, memory_class=PrefixCachingBlockManager if prefix_cache else BlockManager)
         self.scheduler = Scheduler(config, self.cache.memory)
         self.clock = WallClock()
-        self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock)
+        self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock,
+                             on_prefill=self._first_token)
         self.num_steps = 0
         self._ids = itertools.count()
         self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
@@ -261,6 +265,14 @@ class OnlineEngine:
     def _timing(self, seq: Sequence) -> RequestTiming | None:
         stamps = self.server.stamps.get(seq.seq_id, [])
         return RequestTiming(seq.arrival_s, tuple(stamps)) if stamps else None
+
+    def _first_token(self, seq: Sequence, token: int) -> None:
+        """A prefill's token, streamed as soon as its forward pass ends (the step's decode batch
+        still runs before the scheduler records it); ``_deliver`` then skips it."""
+        entry = self._live.get(seq.seq_id)
+        if entry is not None and entry[1].num_sent == len(seq.output):
+            entry[1]._push(token)
+            entry[1].num_sent += 1
 
     def _deliver(self) -> None:
         """Push every live sequence's new tokens; end the streams of finished ones."""
