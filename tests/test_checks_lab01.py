@@ -3,12 +3,9 @@ fails a planted bug with a message that names the call, the expected value and a
 
 import pytest
 
+from check_contract import contract, stub
 from inferlab.analysis import formulas
 from inferlab.course.checks import CheckFailed, lab01
-
-
-def stub(*args):
-    raise NotImplementedError("Exercise: write the body")
 
 
 CASES = {
@@ -28,28 +25,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    reference, _ = CASES[name]
-    answer = lambda *a: reference(*a)  # noqa: E731 (a learner's own function)
-    assert getattr(lab01, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 1.")
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    reference, _ = CASES[name]
-    assert getattr(lab01, name)(stub) is reference
-    assert "[TODO]" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs])
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab01, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 1.")
-    assert "returned" in message and "expected" in message and "Hint:" in message
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab01, CASES, 1, words=("returned", "expected", "Hint:"),
+    lent_as={name: reference for name, (reference, _) in CASES.items()})
 
 
 def test_specific_hints_for_common_matmul_mistakes():

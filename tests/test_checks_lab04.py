@@ -5,15 +5,12 @@ import math
 
 import pytest
 
+from check_contract import contract, stub
 from inferlab.course.checks import CheckFailed, lab04
 from inferlab.serving import metrics
 from inferlab.serving.request import Status
 from inferlab.serving.scheduler import (Step, continuous_policy, make_static_policy,
     static_policy)
-
-
-def stub(*args):
-    raise NotImplementedError("Exercise: write the body")
 
 
 # -- planted bugs in the policies -------------------------------------------------------------
@@ -152,31 +149,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    reference, _ = CASES[name]
-    answer = lambda *a: reference(*a)  # noqa: E731 (a learner's own function)
-    assert getattr(lab04, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 4.")
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    returned = getattr(lab04, name)(stub)
-    assert "[TODO]" in capsys.readouterr().out
-    assert callable(returned)
-    if name != "request_metrics":  # that one's reference is a small wrapper
-        assert returned is CASES[name][0]
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs],
-                         ids=lambda v: getattr(v, "__name__", v))
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab04, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 4.")
-    assert "Hint:" in message
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab04, CASES, 4,
+    lent_as={n: r for n, (r, _) in CASES.items() if n != "request_metrics"})  # that one: a wrapper
 
 
 @pytest.mark.parametrize("bug, words", [

@@ -5,13 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from check_contract import contract, stub
 from inferlab.analysis import formulas
 from inferlab.course.checks import CheckFailed, lab05
 from inferlab.model import quant
-
-
-def stub(*args):
-    raise NotImplementedError("Exercise: write the body")
 
 
 def quantize(w, bits, G, qmax=None, rounding=torch.round, per_row=False):
@@ -100,33 +97,15 @@ CASES = {
 REFERENCES = {"int8_linear": quant.Int8Linear, "step_bytes": formulas.quantized_step_bytes}
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    answer, _ = CASES[name]
-    assert getattr(lab05, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 5.")
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab05, CASES, 5, words=("expected", "Hint:"), wrap=False, lent_as=REFERENCES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    lent = getattr(lab05, name)(stub)
-    if name in REFERENCES:
-        assert lent is REFERENCES[name]
-    else:
-        assert lent.same_as == ({"quantize_groups": quant.quantize,
-                                 "dequantize_groups": quant.dequantize}[name],)
-    assert "[TODO]" in capsys.readouterr().out
-    # the lent reference passes its own check
-    assert getattr(lab05, name)(lent) is lent
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs])
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab05, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 5.")
-    assert "expected" in message and "Hint:" in message
+@pytest.mark.parametrize("name, stands_for", [("quantize_groups", quant.quantize),
+                                              ("dequantize_groups", quant.dequantize)])
+def test_lent_wrappers_name_the_functions_they_stand_for(name, stands_for):
+    assert getattr(lab05, name)(stub).same_as == (stands_for,)
 
 
 def test_specific_hints():

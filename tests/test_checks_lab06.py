@@ -4,6 +4,7 @@ each planted bug with a hint that names the mistake."""
 import pytest
 import torch
 
+from check_contract import contract, stub
 from inferlab.analysis import speculation
 from inferlab.course.checks import CheckFailed, lab06
 from inferlab.model import speculative
@@ -121,29 +122,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    reference, _ = CASES[name]
-    answer = lambda *a: reference(*a)  # noqa: E731 (a learner's own function)
-    assert getattr(lab06, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 6.")
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    returned = getattr(lab06, name)(stub)
-    assert "[TODO]" in capsys.readouterr().out
-    assert callable(returned)
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs],
-                         ids=lambda v: getattr(v, "__name__", v))
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab06, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 6.")
-    assert "Hint:" in message or "raised" in message
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab06, CASES, 6, words=(("Hint:", "raised"),))
 
 
 @pytest.mark.parametrize("bug, words", [

@@ -5,16 +5,13 @@ import math
 
 import pytest
 
+from check_contract import contract, stub
 from inferlab.analysis import request_time
 from inferlab.course.checks import CheckFailed, lab07
 from inferlab.serving.request import Status
 from inferlab.serving.scheduler import Step, chunked_policy
 from inferlab.serving.metrics import SLO
 from inferlab.sim import goodput
-
-
-def stub(*args):
-    raise NotImplementedError("Exercise: write the body")
 
 
 # -- planted bugs in the chunked policy ---------------------------------------------------------
@@ -151,31 +148,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    reference, _ = CASES[name]
-    answer = lambda *a: reference(*a)  # noqa: E731 (a learner's own function)
-    assert getattr(lab07, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 7.")
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    returned = getattr(lab07, name)(stub)
-    assert "[TODO]" in capsys.readouterr().out
-    assert callable(returned)
-    if name != "kv_transfer_seconds":  # that one's reference is a small wrapper
-        assert returned is CASES[name][0]
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs],
-                         ids=lambda v: getattr(v, "__name__", v))
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab07, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 7.")
-    assert "Hint:" in message
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab07, CASES, 7,
+    lent_as={n: r for n, (r, _) in CASES.items() if n != "kv_transfer_seconds"})  # a wrapper
 
 
 @pytest.mark.parametrize("bug, words", [

@@ -5,12 +5,9 @@ import math
 
 import pytest
 
+from check_contract import contract, stub
 from inferlab.analysis import agent_cost, chips, token_cost
 from inferlab.course.checks import CheckFailed, lab08
-
-
-def stub(*args):
-    raise NotImplementedError("Exercise: write the body")
 
 
 def busy_split(w, price, wrong=None):
@@ -62,30 +59,13 @@ REFERENCES = {"usd_per_million": token_cost.usd_per_million,
               "chips_needed": chips.chips_for_bytes}
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_correct_answer_passes_and_is_returned(name, capsys):
-    answer, _ = CASES[name]
-    assert getattr(lab08, name)(answer) is answer
-    assert capsys.readouterr().out.startswith("[PASS] Exercise 8.")
+(test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+ test_planted_bug_fails_with_an_actionable_message) = contract(
+    lab08, CASES, 8, words=("returned", "expected", "Hint:"), lent_as=REFERENCES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_unattempted_exercise_gets_the_reference(name, capsys):
-    lent = getattr(lab08, name)(stub)
-    if name in REFERENCES:
-        assert lent is REFERENCES[name]
-    else:  # task_usd: a wrapper that names agent_cost.task_cost
-        assert agent_cost.task_cost in lent.same_as
-    assert "[TODO]" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in CASES.items() for b in bugs])
-def test_planted_bug_fails_with_an_actionable_message(name, bug):
-    with pytest.raises(CheckFailed) as failure:
-        getattr(lab08, name)(bug)
-    message = str(failure.value)
-    assert message.startswith("[FAIL] Exercise 8.")
-    assert "returned" in message and "expected" in message and "Hint:" in message
+def test_the_lent_task_cost_names_agent_cost():
+    assert agent_cost.task_cost in lab08.task_usd(stub).same_as  # a wrapper, lent by name
 
 
 def test_specific_hints():

@@ -1,0 +1,68 @@
+"""The contract every lab's checks keep, written once for all the labs' check tests.
+
+A check (``inferlab.course.checks.labNN.<name>``) given
+
+- a right answer, written by the learner (here a lambda around the reference, so that it is not
+  the reference itself), prints ``[PASS] Exercise N.`` and returns that very function;
+- a function that is not attempted (it raises NotImplementedError), prints ``[TODO]`` and lends
+  a reference that passes the same check, so the rest of the lab runs;
+- a planted bug, raises ``CheckFailed`` whose message starts ``[FAIL] Exercise N.`` and carries
+  what the learner needs: a hint, and the ``words`` each lab asks for.
+
+A lab's test module takes the three tests with
+
+    (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
+     test_planted_bug_fails_with_an_actionable_message) = contract(lab04, CASES, 4)
+
+where ``CASES`` maps each check's name to ``(reference, [planted bugs])``.
+"""
+
+import pytest
+
+from inferlab.course.checks import CheckFailed
+
+
+def stub(*args):
+    raise NotImplementedError("Exercise: write the body")
+
+
+def contract(lab, cases: dict, number: int, words=("Hint:",), wrap: bool = True,
+             lent_as: dict | None = None):
+    """The three contract tests for ``lab``'s checks over ``cases``.
+
+    ``words``: what every failure message must contain (a tuple among them: one of those);
+    ``wrap=False`` passes the reference itself as the right answer (a class, say, that a lambda
+    cannot stand in for); ``lent_as``: for some checks, the very object lent when not attempted.
+    """
+
+    @pytest.mark.parametrize("name", cases)
+    def test_correct_answer_passes_and_is_returned(name, capsys):
+        reference, _ = cases[name]
+        answer = (lambda *a: reference(*a)) if wrap else reference  # a learner's own function
+        assert getattr(lab, name)(answer) is answer
+        assert capsys.readouterr().out.startswith(f"[PASS] Exercise {number}.")
+
+    @pytest.mark.parametrize("name", cases)
+    def test_unattempted_exercise_gets_the_reference(name, capsys):
+        lent = getattr(lab, name)(stub)
+        assert "[TODO]" in capsys.readouterr().out
+        assert callable(lent) and lent is not stub
+        if lent_as and name in lent_as:
+            assert lent is lent_as[name]
+        assert getattr(lab, name)(lent) is lent  # the lent reference passes its own check
+        assert "[PASS]" in capsys.readouterr().out
+
+    @pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in cases.items() for b in bugs],
+                             ids=lambda v: getattr(v, "__name__", v))
+    def test_planted_bug_fails_with_an_actionable_message(name, bug):
+        with pytest.raises(CheckFailed) as failure:
+            getattr(lab, name)(bug)
+        message = str(failure.value)
+        assert message.startswith(f"[FAIL] Exercise {number}.")
+        missing = [w for w in words
+                   if not any(x in message for x in ((w,) if isinstance(w, str) else w))]
+        assert not missing, (missing, message)
+
+    return (test_correct_answer_passes_and_is_returned,
+            test_unattempted_exercise_gets_the_reference,
+            test_planted_bug_fails_with_an_actionable_message)
