@@ -14,7 +14,8 @@ A lab's test module takes the three tests with
     (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
      test_planted_bug_fails_with_an_actionable_message) = contract(lab04, CASES, 4)
 
-where ``CASES`` maps each check's name to ``(reference, [planted bugs])``.
+where ``CASES`` maps each check's name to ``(reference, [planted bugs])``; and a lab whose
+hints it wants pinned adds ``test_specific_hints = hints(lab04, CASES, [(bug, words), ...])``.
 """
 
 import pytest
@@ -66,3 +67,16 @@ def contract(lab, cases: dict, number: int, words=("Hint:",), wrap: bool = True,
     return (test_correct_answer_passes_and_is_returned,
             test_unattempted_exercise_gets_the_reference,
             test_planted_bug_fails_with_an_actionable_message)
+
+
+def hints(lab, cases: dict, bug_words: list):
+    """A test that each planted ``bug`` (one of ``cases``' bugs) fails with a message matching
+    ``words`` (a regular expression): the hint that names the learner's mistake."""
+
+    @pytest.mark.parametrize("bug, words", bug_words, ids=lambda v: getattr(v, "__name__", v))
+    def test_specific_hints(bug, words):
+        name = next(n for n, (_, bugs) in cases.items() if bug in bugs)
+        with pytest.raises(CheckFailed, match=words):
+            getattr(lab, name)(bug)
+
+    return test_specific_hints

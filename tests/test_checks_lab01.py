@@ -3,7 +3,7 @@ fails a planted bug with a message that names the call, the expected value and a
 
 import pytest
 
-from check_contract import contract, stub
+from check_contract import contract
 from inferlab.analysis import formulas
 from inferlab.course.checks import CheckFailed, lab01
 
