@@ -17,9 +17,7 @@ import math
 import platform
 import time
 
-import httpx
-
-from inferlab.loadgen.client import make_load, run
+from inferlab.loadgen.client import make_load, run, served_model
 from inferlab.loadgen.report import detailed, plot, report, table, write_json
 from inferlab.serving.metrics import SLO
 
@@ -48,9 +46,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="also save every request's id, send time and chunk times in the JSON")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
-    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
-    base = a.url.rstrip("/").removesuffix("/v1")
-    model = a.model or httpx.get(base + "/v1/models", headers=headers).json()["data"][0]["id"]
+    model = a.model or served_model(a.url, a.api_key)
     slo = SLO(a.slo_ttft, a.slo_tpot)
     arrivals = None
     if a.arrivals_file:

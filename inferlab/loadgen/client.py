@@ -74,6 +74,14 @@ def make_load(trace: str = "sharegpt_like", num_requests: int = 100, rate: float
                         r.output_len, float(t)) for r, t in zip(rows, arrivals_s)]
 
 
+def served_model(url: str, api_key: str | None = None) -> str:
+    """The first model a server's ``/v1/models`` lists (the default a command measures)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(url.rstrip("/").removesuffix("/v1") + "/v1/models", headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
 async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: float,
                out: Outcome, extra: dict) -> None:
     await asyncio.sleep(max(0.0, t0 + req.send_at_s - time.perf_counter()))

@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     import argparse
     import json
 
+    from inferlab.loadgen.client import served_model
+
     p = argparse.ArgumentParser(prog="python -m inferlab.loadgen.side_channel",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -115,9 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also time two tenants sharing a system prompt")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args(argv)
-    model = a.model or httpx.get(a.url.rstrip("/") + "/v1/models", timeout=30,
-                                 headers={"Authorization": f"Bearer {a.attacker_key}"}
-                                 ).json()["data"][0]["id"]
+    model = a.model or served_model(a.url, a.attacker_key)
     r = run_attack(a.url, model, a.victim_key, a.attacker_key, a.trials, a.secret_len,
                    a.calibration, seed=a.seed)
     print(f"{model} at {a.url}: the attacker guessed right {r['accuracy']:.1%} of {r['trials']} "
