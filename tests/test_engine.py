@@ -64,12 +64,15 @@ def test_a_request_larger_than_the_whole_cache_is_refused():
     assert results[0].ok and "needs 3 KV blocks" in results[1].error
 
 
-def test_timings_and_idle_time_are_skipped_not_slept():
+def _no_sleeping(*_):
+    raise AssertionError("the offline engine slept instead of moving its clock")
+
+
+def test_timings_and_idle_time_are_skipped_not_slept(monkeypatch):
     requests = [Request(prompt(4), 3, 0.0), Request(prompt(4, 1), 3, 50.0)]
-    start = time.perf_counter()
+    monkeypatch.setattr(time, "sleep", _no_sleeping)     # the verdict, not a wall-clock bound
     run = serve(model(), requests)
     results = run.results
-    assert time.perf_counter() - start < 20, "the engine waited for the late arrival"
     late = results[1].timing
     assert late.token_times_s[0] >= 50.0 and late.ttft < 5
     for r in results:
@@ -152,9 +155,7 @@ def test_prompts_that_are_not_integers_are_refused_clearly(bad):
 def test_the_pool_is_sized_from_the_requests_that_can_run():
     huge = Request(prompt(3), 10**12, 0.0, "huge")  # would need terabytes of KV cache
     good = [Request(prompt(5, i), 6, 0.0, f"good{i}") for i in range(3)]
-    start = time.perf_counter()
     run = serve(model(), [good[0], huge, *good[1:]], ServingConfig(block_size=4, max_batch=4))
-    assert time.perf_counter() - start < 20
     assert [r.ok for r in run.results] == [True, False, True, True]
     assert "context" in run.results[1].error
     longest = 5 + 6 - 1

@@ -40,6 +40,19 @@ def test_the_check_catches_a_legend_over_data():
     assert figure_problems(fig) == []
 
 
+def test_the_check_refuses_a_legend_inside_the_axes_whatever_the_data():
+    # measured data move from run to run: a legend inside the axes that misses them today can
+    # cover them tomorrow, so the place itself is the fault, with or without an overlap now
+    fig, ax = plt.subplots()
+    ax.plot(range(10), [0] * 10, label="a line along the bottom")
+    ax.legend(loc="upper right")
+    assert any("inside the axes" in p for p in figure_problems(fig))
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [1, 2], label="left panel")
+    legend_outside(a)                      # outside its own axes but over the right panel
+    assert any("inside the axes" in p for p in figure_problems(fig))
+
+
 def test_the_check_catches_clipped_and_cut_markers():
     fig, ax = plt.subplots()
     ax.plot([1, 2, 3], [1, 2, 3], "o-", label="points")
@@ -117,3 +130,22 @@ def test_latency_throughput_plot_has_plain_ticks():
     labels = _tick_texts(ax)
     assert labels and not any("times" in t or "^" in t for t in labels)
     assert figure_problems(ax.figure) == []
+
+
+def test_every_legend_of_the_book_and_labs_is_placed_outside_the_axes(root):
+    # The chapters' figures are checked as drawn (tests/test_chapter_figures.py); the labs'
+    # figures show what the learner's machine measured, which no test can draw in advance, so
+    # their legends are held to the helpers that put them outside the axes.
+    import re
+
+    import jupytext
+
+    pattern = re.compile(r"\b(?!fig\b)\w+(?:\[\d\])?\.legend\(")
+    found = []
+    for path in sorted([*root.glob("solutions/*.ipynb"), *root.glob("book/*.md"),
+                        *root.glob("book/*.ipynb")]):
+        nb = jupytext.read(path)
+        for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+            found += [f"{path.name} code cell {i}: {line.strip()}"
+                      for line in cell.source.splitlines() if pattern.search(line)]
+    assert not found, "legends placed inside the axes:\n" + "\n".join(found)

@@ -86,7 +86,7 @@ def test_dtypes():
 def test_time_fn_measures_something_sensible():
     x = torch.randn(256, 256)
     t = time_fn(lambda: x @ x, min_run_time=0.05)
-    assert 0 < t.median_s < 1 and t.runs >= 1
+    assert 0 < t.median_s and t.runs >= 1
     with pytest.raises(ValueError, match="positive seconds"):
         time_fn(lambda: None, min_run_time=0)
     with pytest.raises(TypeError, match="function of no arguments"):

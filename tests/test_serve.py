@@ -5,7 +5,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from functools import lru_cache
 
 import httpx
@@ -79,13 +78,14 @@ def test_responses_leave_at_once_without_nagles_delay(server):
     40 ms a response."""
     srv, _ = server
     assert srv._sock.proto == socket.IPPROTO_TCP
-    with httpx.Client(base_url=srv.url) as client:
-        times = []
-        for _ in range(7):
-            t = time.perf_counter()
-            assert client.get("/v1/models").status_code == 200
-            times.append(time.perf_counter() - t)
-    assert sorted(times)[3] < 0.025, times
+    with httpx.Client(base_url=srv.url) as client:      # keeps its connection open
+        assert client.get("/v1/models").status_code == 200
+        # what decides the 40 ms is the option on the server's end of the connection, so the
+        # test reads it there rather than timing responses (a verdict load could flip)
+        sockets = [p.transport.get_extra_info("socket")
+                   for p in srv.server.server_state.connections]
+        assert sockets, "no open connection on the server's side"
+        assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
 
 
 BAD = [

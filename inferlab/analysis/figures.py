@@ -4,10 +4,12 @@
   matplotlib's default 10^0 or, on short ranges, "4x10^1".
 - ``legend_outside`` and ``legend_below``: a legend right of or under the axes, where it
   cannot cover a line.
-- ``figure_problems``: what a reader would trip over in a drawn figure: a legend that covers
-  plotted data (a line vertex, a marker or a bar inside the legend's box), a data point drawn
-  outside the axes (clipped away), and lines or markers that no legend entry explains when the
-  axes has a legend. The plotting helpers' tests and the book's figure test call it.
+- ``figure_problems``: what a reader would trip over in a drawn figure: a legend inside an
+  axes (where data can reach it: measured data move from run to run, so the check refuses the
+  place, not only an overlap seen once), a legend that covers plotted data or labels, a data
+  point drawn outside the axes (clipped away), and lines or markers that no legend entry
+  explains when the axes has a legend. The plotting helpers' tests and the book's figure test
+  call it.
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ def plain_log_ticks(ax, which: str = "xy") -> None:
 
 
 def legend_outside(ax, **kwargs):
-    """A legend just right of ``ax``, its top aligned with the axes' top."""
+    """A legend just right of ``ax``, its top aligned with the axes' top.
+
+    ``bbox_to_anchor`` moves it further right, past a twin axis's labels."""
     kwargs.setdefault("fontsize", "small")
-    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+    kwargs.setdefault("bbox_to_anchor", (1.02, 1.0))
+    return ax.legend(loc="upper left", borderaxespad=0.0, **kwargs)
 
 
 def legend_below(ax, **kwargs):
@@ -103,6 +108,15 @@ def figure_problems(fig) -> list[str]:
     problems = []
     legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
     legends += [(None, leg) for leg in fig.legends]
+    for owner, legend in legends:
+        lbox = legend.get_window_extent()
+        for ax in fig.axes:
+            box = ax.get_window_extent()
+            if (min(lbox.x1, box.x1) - max(lbox.x0, box.x0) > 1
+                    and min(lbox.y1, box.y1) - max(lbox.y0, box.y0) > 1):
+                title = ax.get_title() or (owner.get_title() if owner else "")
+                problems.append(f"{title!r}: a legend sits inside the axes, where data can "
+                                "reach it (use legend_outside or legend_below)")
     for ax in fig.axes:
         box = ax.get_window_extent()
         artists = [a for a in ax.get_children()

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from inferlab.analysis.figures import legend_outside
 from inferlab.analysis.formulas import ridge_point
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 
@@ -77,5 +78,5 @@ def plot_roofline(roofs: Sequence[Roof], points: Iterable[tuple[float, float, st
     if title:
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    legend_outside(ax)
     return ax

@@ -86,14 +86,18 @@ def compare(requests: list[dict], records) -> dict:
                          "difference": (a.throughput - b.throughput) / b.throughput}
     path = np.array([c.ttft - e.ttft for c, e in zip(client, inside)])
     out["http_path_s"] = _spread(path)
+    # the client's clock holds the engine's, request by request: it starts before the handler
+    # runs and stops after the last token's forward pass, so this is never negative
+    out["e2e_path_s"] = _spread(np.array([c.latency - e.latency for c, e in zip(client, inside)]))
     # the part of it inside the server: from the forward pass's end to the handler passing the
     # first chunk to the HTTP layer (the token's hop from the engine's thread to the event loop,
     # detokenizing, JSON); the rest is the request's and the chunk's trips and parsing
     by_id = {r["id"]: r for r in records}
     firsts = [by_id[r["id"]].get("first_chunk_s") for r in ok]
     if firsts and all(f is not None for f in firsts):
-        out["handover_s"] = _spread(np.array([f - e.token_times_s[0]
-                                              for f, e in zip(firsts, inside)]))
+        handover = np.array([f - e.token_times_s[0] for f, e in zip(firsts, inside)])
+        out["handover_s"] = _spread(handover)
+        out["trips_s"] = _spread(path - handover)   # the HTTP path outside the server
     return out
 
 

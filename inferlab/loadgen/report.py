@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from inferlab.analysis.figures import legend_outside
 from inferlab.serving.metrics import SLO, Percentiles, RequestTiming, Summary, summarize
 
 
@@ -91,5 +92,5 @@ def plot(rows: list[dict], title: str = "", ax=None):
     ax.set_xlabel("throughput (output tokens/s)")
     ax.set_ylabel("latency (s)")
     ax.set_title(title or "latency against throughput")
-    ax.legend()
+    legend_outside(ax)
     return ax

@@ -109,7 +109,7 @@ def plot_latency_throughput(curves: dict[str, list[tuple[float, float]]], ax=Non
     ax.set_yscale("log")
     plain_log_ticks(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     if title:
         ax.set_title(title)
     return ax
