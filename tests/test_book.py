@@ -1,20 +1,50 @@
-"""The book builds with Sphinx's warnings as errors and nitpicky references (-W -n).
+"""The book builds with Sphinx's warnings as errors and nitpicky references (-W -n), and the
+build is what executes the solved labs.
 
-This is the README's build command with ``--all``, so every page is re-read and re-reports its
-warnings; notebook execution is cached by jupyter-cache, so an unchanged page is not re-run.
+The build is the README's command with ``--all``, so every page is re-read and re-reports its
+warnings; notebook execution is cached by jupyter-cache, so an unchanged page is not re-run. The
+build executes every solved notebook (``solutions/``) with errors not allowed, and each one
+asserts its own results, so a solved lab is executed once, there, not a second time under
+nbval: the test below asks the build's cache for a successful execution of each solved notebook
+exactly as it is now (jupyter-cache stores a notebook only when it ran without an error, keyed by
+its code). The student labs (``labs/``), which the site shows unexecuted, run under nbval.
 """
 
 import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+import pytest
 
-def test_book_builds_without_warnings(root: Path):
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def build(root: Path):
     jb = Path(sys.executable).with_name("jupyter-book")
     cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(root), "-W", "-n",
            "--keep-going", "--all"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-    log = result.stdout + result.stderr
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+
+
+def test_book_builds_without_warnings(root: Path, build):
+    log = build.stdout + build.stderr
     warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
-    assert result.returncode == 0, "book build failed:\n" + "\n".join(warnings[-40:] or log.splitlines()[-40:])
+    assert build.returncode == 0, "book build failed:\n" + "\n".join(warnings[-40:] or log.splitlines()[-40:])
     assert (root / "_build" / "html" / "index.html").exists()
+
+
+@pytest.mark.parametrize("name", SOLUTIONS)
+def test_the_build_executed_the_solved_lab_without_an_error(root: Path, build, name):
+    from jupyter_cache import get_cache
+
+    assert build.returncode == 0, "the book did not build"
+    cache = get_cache(str(root / "_build" / ".jupyter_cache"))
+    nb = nbformat.read(root / "solutions" / name, as_version=4)
+    try:
+        cache.match_cache_notebook(nb)
+    except KeyError:
+        pytest.fail(f"the book build has no successful execution of solutions/{name} as it is "
+                    "now: it failed there (see the build's log in _build/html/reports/)")
