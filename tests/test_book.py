@@ -48,3 +48,19 @@ def test_the_build_executed_the_solved_lab_without_an_error(root: Path, build, n
     except KeyError:
         pytest.fail(f"the book build has no successful execution of solutions/{name} as it is "
                     "now: it failed there (see the build's log in _build/html/reports/)")
+
+
+def test_solution_pages_hide_the_lab_generators_markers(root: Path, build):
+    assert build.returncode == 0, "the book did not build"
+    pages = sorted((root / "_build" / "html" / "solutions").glob("*.html"))
+    assert len(pages) == len(SOLUTIONS)
+    shown = [p.name for p in pages if "BEGIN SOLUTION" in p.read_text(encoding="utf-8")]
+    assert not shown, f"solution pages that show the ### BEGIN SOLUTION markers: {shown}"
+
+
+def test_the_marker_filter_keeps_every_other_line():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from solution_markers import without_markers
+
+    code = "def f(x):\n    ### BEGIN SOLUTION\n    return x  # ### not a marker\n    ### END SOLUTION\n"
+    assert without_markers(code) == "def f(x):\n    return x  # ### not a marker\n"
