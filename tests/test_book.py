@@ -64,3 +64,13 @@ def test_the_marker_filter_keeps_every_other_line():
 
     code = "def f(x):\n    ### BEGIN SOLUTION\n    return x  # ### not a marker\n    ### END SOLUTION\n"
     assert without_markers(code) == "def f(x):\n    return x  # ### not a marker\n"
+
+
+def test_the_site_offers_one_search_not_two(root: Path, build):
+    # the theme's default sidebar carries a search field beside the header's search button;
+    # both open the same dialog, and readers took them for two searches
+    assert build.returncode == 0, "the book did not build"
+    html = (root / "_build" / "html" / "book" / "ch01_roofline.html").read_text(encoding="utf-8")
+    sidebar = html[html.index("bd-sidebar-primary"):html.index("bd-main")]
+    assert "search-button-field" not in sidebar
+    assert "search-button__button" in html        # the header's button is still there
