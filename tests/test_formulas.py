@@ -108,3 +108,27 @@ def test_weight_bytes_refuses_unknown_dtypes():
         f.weight_bytes(ModelConfig.from_name("tiny"), "fp8")
     assert math.isclose(f.weight_bytes(ModelConfig.from_name("tiny"), "float32"),
                         2 * f.weight_bytes(ModelConfig.from_name("tiny"), "bfloat16"))
+
+
+def test_group_scales_cost_16_over_g_bits_and_double_with_each_halving():
+    """Issue 24 item 16: a 16-bit scale per group of G weights adds 16 / G bits per weight."""
+    extra = {g: 8 * (f.quantized_bytes_per_weight(4, g) - 0.5) for g in (128, 64, 32)}
+    assert extra == {128: 0.125, 64: 0.25, 32: 0.5}
+    assert extra[64] - extra[128] == 0.125 and extra[32] - extra[64] == 0.25
+    # the course's quantizer keeps float32 scales: groups of 32 then cost a whole bit
+    assert 8 * f.quantized_bytes_per_weight(4, 32, scale_bytes=4) == 5.0
+    # gpt-fast int4: groups of 32, a bf16 scale and a bf16 zero point -> 5 bits, 3.2x over bf16
+    gptfast = f.quantized_bytes_per_weight(4, 32, scale_bytes=2, zero_point=True)
+    assert 8 * gptfast == 5.0 and 2 / gptfast == pytest.approx(3.2)
+    with pytest.raises(ValueError):
+        f.quantized_bytes_per_weight(4, 0)
+
+
+def test_the_course_quantizer_reads_what_the_formula_says():
+    import torch
+    from inferlab.model import quant
+    w = torch.randn(8, 128, generator=torch.Generator().manual_seed(0))
+    for g in (128, 64, 32):
+        qt = quant.quantize(w, bits=4, group_size=g)
+        assert qt.bytes_per_weight == pytest.approx(
+            f.quantized_bytes_per_weight(4, g, scale_bytes=qt.scale.element_size()))

@@ -35,9 +35,53 @@ def test_table_matches_facts(name, bandwidth_gbs, tflops):
 @pytest.mark.parametrize("torch_name, row", [
     ("Tesla T4", "T4"), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM"),
     ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200 SXM")])
+    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200 SXM"),
+    # names that contain another row's name: a substring match picked the wrong roofline
+    ("NVIDIA L40S", "L40S"), ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA B200", "B200"),
+    ("NVIDIA GB200", "GB200"), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+    ("AMD Instinct MI300X", "MI300X")])
 def test_device_names_torch_reports_are_recognised(torch_name, row):
     assert match_device_name(torch_name).name == row
+
+
+@pytest.mark.parametrize("torch_name", ["NVIDIA H200 NVL", "NVIDIA L40", "NVIDIA L4X",
+                                        "NVIDIA GH200 144G HBM3e", "NVIDIA A100 80GB PCIe MIG"])
+def test_a_name_the_table_lacks_gets_no_neighbours_row(torch_name):
+    assert match_device_name(torch_name) is None
+
+
+def test_the_a100_pcie_has_its_own_bandwidth():
+    assert match_device_name("NVIDIA A100 80GB PCIe").bandwidth == pytest.approx(1935e9)
+    assert match_device_name("NVIDIA A100-SXM4-80GB").bandwidth == pytest.approx(2039e9)
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("name, total_mib, reserved_mib", [
+    ("H100 SXM", 81559, 454), ("H200 SXM", 143771, 700), ("A100 80GB SXM", 81920, 763),
+    ("L4", 23034, 556), ("L40S", 46068, 479), ("GH200", 97871, 1103)])
+def test_usable_memory_is_what_the_driver_reports_less_its_reserve(name, total_mib,
+                                                                    reserved_mib):
+    """nvidia-smi -a on real cards (data/hardware.csv names each source). An HBM card's
+    nominal "80GB" is binary, so its usable bytes exceed the datasheet's figure read as decimal
+    GB; a GDDR6 card's (L4, L40S) fall a little short of it."""
+    spec = get_device_spec(name)
+    assert spec.memory == (total_mib - reserved_mib) * MIB
+    assert spec.memory_reserved == reserved_mib * MIB
+    assert spec.memory_source
+    if spec.memory_kind == "HBM":   # HBM's nominal size is binary: more than the decimal GB
+        assert spec.memory > spec.memory_nominal
+
+
+def test_rows_without_a_reported_size_fall_back_to_the_datasheet():
+    t4 = get_device_spec("T4")
+    assert t4.memory == t4.memory_nominal == 16e9 and t4.memory_source == ""
+    assert t4.memory_reserved is None
+
+
+def test_an_h100_holds_about_seven_percent_more_than_80_decimal_gb():
+    assert get_device_spec("H100 SXM").memory / 80e9 == pytest.approx(1.063, abs=0.001)
 
 
 def test_unknown_device_lists_the_known_ones():
@@ -109,3 +153,18 @@ def test_probes_refuse_bad_sizes_and_dtypes():
         measure_peak_flops("float32", "cpu", n=8)
     with pytest.raises(ValueError, match="not supported on cpu"):
         measure_peak_flops("float16", "cpu", n=128)
+
+
+def test_capacity_counts_use_the_usable_memory():
+    """Llama-2-70B's bf16 weights (138.0 GB) on an H200: the 141 GB of the datasheet read as
+    decimal GB leave about 3 GB; the 143,071 MiB the driver lets a program have leave about
+    12 GB, room for 8 requests of 4,096 tokens at 320 KiB per token instead of 2."""
+    from inferlab.analysis import formulas
+    from inferlab.analysis.capacity import capacity
+    from inferlab.model.config import ModelConfig
+    c = capacity("llama-2-70b", "H200 SXM", context=4096, activation_reserve=0)
+    assert c.device_memory == 143071 * MIB
+    assert c.kv_budget / 1e9 == pytest.approx(12.07, abs=0.01)
+    assert c.max_requests == 8
+    nominal = formulas.max_concurrent_requests(ModelConfig.from_name("llama-2-70b"), 141e9, 4096)
+    assert nominal == 2

@@ -89,8 +89,8 @@ def test_report_and_table_from_known_times():
     assert row["n_requests"] == 2 and row["failed"] == 1 and row["n_tokens"] == 5
     assert row["ttft_mean_s"] == pytest.approx(0.1)
     assert sorted(inter_token_latencies(outs)) == pytest.approx([0.1, 0.1, 0.2])
-    assert row["goodput_req_s"] == pytest.approx(1 / 0.7)  # only the second met TPOT <= 0.12
-    assert "TTFT" in table(row) and "goodput" in table(row)
+    assert row["in_slo_req_s"] == pytest.approx(1 / 0.7)  # only the second met TPOT <= 0.12
+    assert "TTFT" in table(row) and "within the SLO" in table(row)
 
 
 def test_command_line_writes_json_and_plot(tmp_path, capsys):

@@ -71,16 +71,16 @@ def test_summary_throughput_and_goodput():
     assert s.throughput == pytest.approx(8 / 2.4)
     assert s.request_rate == pytest.approx(3 / 2.4)
     assert s.slo_attainment == pytest.approx(1 / 3)
-    assert s.goodput == pytest.approx(1 / 2.4)
+    assert s.in_slo_rate == pytest.approx(1 / 2.4)
     row = s.row()
-    assert row["throughput_tok_s"] == s.throughput and row["goodput_req_s"] == s.goodput
+    assert row["throughput_tok_s"] == s.throughput and row["in_slo_req_s"] == s.in_slo_rate
     assert row["ttft_p99_s"] == s.ttft.p99
-    assert "tok/s" in str(s) and "goodput" in str(s)
+    assert "tok/s" in str(s) and "within the SLO" in str(s)
 
 
 def test_summary_without_slo_and_without_tokens():
     s = summarize([RequestTiming(0.0, (1.0,))])
-    assert math.isnan(s.goodput) and "goodput" not in s.row()
+    assert math.isnan(s.in_slo_rate) and "in_slo_req_s" not in s.row()
     with pytest.raises(ValueError, match="nothing to summarise"):
         summarize([RequestTiming(0.0, ())])
     with pytest.raises(ValueError):

@@ -242,3 +242,21 @@ def test_batched_speedup_falls_to_a_crossover_near_the_critical_batch():
 def test_formulas_refuse_bad_input(bad):
     with pytest.raises(ValueError):
         speculation.expected_tokens(**bad)
+
+
+def test_prompt_lookup_earliest_and_latest_rules():
+    """Issue 24 item 20: the reference implementation and Hugging Face take the earliest match;
+    the course takes the latest and may copy past the end of the text."""
+    from inferlab.model.speculative import lookup_agreement, prompt_lookup
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
+    assert prompt_lookup(toks, 2, prefer="earliest") == [9, 1]   # after the first "1 2 3"
+    assert prompt_lookup(toks, 2, prefer="latest") == [7, 5]     # after the latest one
+    period = [4, 5, 4, 5, 4]
+    assert prompt_lookup(period, 4, prefer="latest") == [5, 4, 5, 4]   # copies past the end
+    assert prompt_lookup(period, 4, prefer="earliest") == [5, 4]       # cut at the end
+    with pytest.raises(ValueError, match="prefer"):
+        prompt_lookup(toks, 2, prefer="middle")
+    # on a periodic text every drafted token is right until the text ends
+    text = [1, 2] * 20
+    assert lookup_agreement(text, k=4, prefer="latest", start=4) == pytest.approx(
+        sum(min(4, len(text) - t) for t in range(4, len(text) - 1)) / (len(text) - 5))

@@ -63,6 +63,20 @@ def decode_bytes_per_step(config: "ModelConfig", dtype="bfloat16") -> int:
     return params * bytes_per_element(dtype)
 
 
+def quantized_bytes_per_weight(bits: int, group_size: int, scale_bytes: float = 2.0,
+                               zero_point: bool = False) -> float:
+    """Bytes a kernel reads per weight for ``bits``-bit codes in groups of ``group_size``.
+
+    Each group stores one scale of ``scale_bytes`` (and, with ``zero_point``, an offset of the
+    same size), so the metadata costs 8 x scale_bytes x (1 + zero_point) / group_size bits per
+    weight: with 16-bit scales 16 / G bits, which doubles with every halving of G (0.125 bits at
+    128, 0.25 at 64, 0.5 at 32). gpt-fast's int4 (groups of 32, a bf16 scale and a bf16 zero
+    point per group) is 4 + 1 = 5 bits per weight, an ideal 16 / 5 = 3.2x over bf16, not 4x.
+    """
+    positive(bits=bits, group_size=group_size, scale_bytes=scale_bytes)
+    return bits / 8 + scale_bytes * (2 if zero_point else 1) / group_size
+
+
 def quantized_step_bytes(config: "ModelConfig", context: int, bytes_per_weight: float,
                          kv_bytes_per_element: float, batch: int = 1) -> float:
     """Bytes one decode step reads with weights of ``bytes_per_weight`` (scales included) and a

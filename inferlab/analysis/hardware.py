@@ -3,7 +3,15 @@
 The table (``data/hardware.csv``) holds datasheet numbers: dense BF16/FP16 peak FLOP/s, memory
 bandwidth and capacity, and the kind of memory the weights live in (HBM, GDDR6, DDR, or the
 on-chip SRAM of the SRAM-first designs, whose bandwidth and capacity are then the SRAM's), each
-row with its source. ``load_hardware()`` returns the GPUs and CPUs the first chapters compare;
+row with its source.
+
+Memory sizes are the one place a datasheet misleads a capacity count. GPU memory is sold by a
+nominal size ("80GB") that is really binary: an H100 80GB's driver reports 81,559 MiB in all and
+keeps 454 MiB of it for itself, so a program can allocate 81,105 MiB, about 85.0 GB in decimal
+units, not 80. Where the table has what ``nvidia-smi -a`` reported on a real card (the ``FB
+Memory Usage`` total and the driver's ``Reserved``, with their source), ``DeviceSpec.memory`` is
+the difference, the bytes a program can have; elsewhere it is the datasheet's size read as
+decimal GB, a slight underestimate. ``memory_nominal`` keeps the datasheet's figure for labels. ``load_hardware()`` returns the GPUs and CPUs the first chapters compare;
 ``load_hardware(kinds=None)`` every row, TPUs and SRAM-first chips (Chapter 8) included, and
 ``get_device_spec`` finds any row by name. ``detect_device()`` names the device torch
 is using and finds its row when there is one (CPUs vary too much to have rows; a learner on a
@@ -46,6 +54,9 @@ class DeviceSpec:
     notes: str = ""
     match: tuple[str, ...] = ()
     memory_kind: str = ""      # where the weights live: "HBM", "GDDR6", "SRAM", ...
+    memory_nominal: float | None = None   # bytes, the datasheet's size read as decimal GB
+    memory_reserved: float | None = None  # bytes the driver keeps (nvidia-smi "Reserved")
+    memory_source: str = ""    # where the reported size and reserve were read; "" if nominal
 
     def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
@@ -62,6 +73,21 @@ def _number(text: str, scale: float) -> float | None:
     return float(text) * scale if text.strip() else None
 
 
+MIB = 2**20
+
+
+def _memory(row: dict) -> tuple[float | None, float | None]:
+    """(bytes a program can allocate, bytes the driver reserves) for one table row.
+
+    With the reported total (MiB) the usable bytes are total minus the driver's reserve (0
+    where the reserve was not read); without it, the datasheet's size in decimal GB."""
+    total = _number(row.get("memory_total_mib", "") or "", MIB)
+    if total is None:
+        return _number(row["memory_gb"], 1e9), None
+    reserved = _number(row.get("memory_reserved_mib", "") or "", MIB)
+    return total - (reserved or 0.0), reserved
+
+
 DEFAULT_KINDS = ("gpu", "cpu")
 
 
@@ -75,15 +101,19 @@ def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, De
     for row in read_table("hardware.csv"):
         if kinds is not None and row["kind"] not in kinds:
             continue
+        memory, reserved = _memory(row)
         specs[row["name"]] = DeviceSpec(
             name=row["name"], kind=row["kind"],
             bandwidth=float(row["bandwidth_gbs"]) * 1e9,
             peak_bf16=_number(row["peak_bf16_tflops"], 1e12),
             peak_fp16=_number(row["peak_fp16_tflops"], 1e12),
-            memory=_number(row["memory_gb"], 1e9),
+            memory=memory,
             source=row["source"], notes=row["notes"],
             match=tuple(m for m in row["match"].split("|") if m),
             memory_kind=row.get("memory_kind", ""),
+            memory_nominal=_number(row["memory_gb"], 1e9),
+            memory_reserved=reserved,
+            memory_source=row.get("memory_source", "") or "",
         )
     return specs
 
@@ -98,10 +128,29 @@ def get_device_spec(name: str) -> DeviceSpec:
     raise ValueError(f"unknown device {name!r}; the hardware table knows: {', '.join(specs)}")
 
 
+VENDOR_PREFIXES = ("NVIDIA ", "Tesla ", "AMD Instinct ", "AMD ")
+
+
+def _bare_name(device_name: str) -> str:
+    """A device name without its vendor prefix, lower case: "NVIDIA H200" -> "h200"."""
+    name = " ".join(device_name.split())
+    for prefix in VENDOR_PREFIXES:
+        if name.lower().startswith(prefix.lower()):
+            name = name[len(prefix):]
+            break
+    return name.lower()
+
+
 def match_device_name(device_name: str) -> DeviceSpec | None:
-    """The table row whose ``match`` patterns occur in a name such as "NVIDIA H200"."""
+    """The table row one of whose ``match`` names equals ``device_name`` (as torch reports it,
+    e.g. "NVIDIA H200"), compared without the vendor prefix and case.
+
+    The match is exact, not a substring: "L4" must not claim an L40S, "H200" a GH200, "B200" a
+    GB200, nor "A100 80GB" an A100 80GB PCIe, whose rooflines differ. A name the table does not
+    list returns None rather than a neighbour's row."""
+    bare = _bare_name(device_name)
     for spec in load_hardware().values():
-        if any(pattern.lower() in device_name.lower() for pattern in spec.match):
+        if any(_bare_name(pattern) == bare for pattern in spec.match):
             return spec
     return None
 

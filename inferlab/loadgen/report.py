@@ -1,7 +1,7 @@
 """Chapter 4's metrics from a load's token times: the table, a JSON file, the plot.
 
 The token times a client saw make ``RequestTiming``s (arrival = when it sent the request), so
-TTFT, TPOT, end-to-end latency, throughput and goodput under an SLO come from
+TTFT, TPOT, end-to-end latency, throughput and the rate within an SLO come from
 ``inferlab.serving.metrics.summarize``, the same code that summarises the engine's own runs
 and the simulator's. Inter-token latency (ITL) is every gap between two consecutive tokens of
 a request, pooled over requests: TPOT is a request's mean gap, ITL shows the stalls a mean
@@ -60,8 +60,8 @@ def table(row: dict) -> str:
                  f"{row['n_tokens']} tokens in {row['duration_s']:.2f} s")
     lines.append(f"throughput {row['throughput_tok_s']:.1f} tok/s, "
                  f"{row['request_rate']:.2f} req/s")
-    if "goodput_req_s" in row:
-        lines.append(f"goodput {row['goodput_req_s']:.2f} req/s ({row['slo_attainment']:.0%} "
+    if "in_slo_req_s" in row:
+        lines.append(f"within the SLO {row['in_slo_req_s']:.2f} req/s ({row['slo_attainment']:.0%} "
                      f"within TTFT <= {row['slo_ttft_s'] * 1e3:.0f} ms and TPOT <= "
                      f"{row['slo_tpot_s'] * 1e3:.0f} ms)")
     return "\n".join(lines)

@@ -175,23 +175,48 @@ class PromptLookup:
         pass
 
 
-def prompt_lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier match of the sequence's last n-gram.
+def prompt_lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1,
+                  prefer: str = "latest") -> list[int]:
+    """Up to ``k`` tokens that followed an earlier match of the sequence's last n-gram.
 
-    The longest n-gram with a match wins. The copy may run into the tail itself, as LZ77 does:
-    in a sequence that repeats with period P the latest match lies P tokens back, and copying
-    on past the end repeats the period, so even a short period yields k tokens.
+    The longest n-gram with a match wins. ``prefer="latest"`` (the course's rule) takes the
+    match nearest the end, and the copy may run into the tail itself, as LZ77 does: in a
+    sequence that repeats with period P the latest match lies P tokens back, and copying on
+    past the end repeats the period, so even a short period yields k tokens.
+    ``prefer="earliest"`` is the rule of Saxena's reference implementation and of Hugging
+    Face's ``PromptLookupCandidateGenerator``: the first match from the left, its continuation
+    cut at the end of the text (as Hugging Face does; the reference requires all k).
     """
+    if prefer not in ("latest", "earliest"):
+        raise ValueError(f"prefer must be 'latest' or 'earliest', not {prefer!r}")
     T = len(tokens)
     for n in range(min(max_ngram, T - 1), min_ngram - 1, -1):
         tail = tokens[T - n:]
-        for start in range(T - n - 1, -1, -1):  # latest match first; it must end before the tail
+        starts = range(T - n - 1, -1, -1) if prefer == "latest" else range(0, T - n)
+        for start in starts:  # a match must end before the tail
             if tokens[start:start + n] == tail:
+                if prefer == "earliest":
+                    return list(tokens[start + n:min(start + n + k, T)])
                 seq = list(tokens)
                 for j in range(k):
                     seq.append(seq[start + n + j])  # start + n + j < len(seq): always defined
                 return seq[T:]
     return []
+
+
+def lookup_agreement(tokens: list[int], k: int = 6, prefer: str = "latest",
+                     start: int = 16) -> float:
+    """Mean number of leading draft tokens that equal the text's real continuation, over every
+    position from ``start`` on: how many tokens of each proposal a verifier that reproduced
+    this text would keep (a drafter's quality measured on text, with no model)."""
+    kept = []
+    for t in range(start, len(tokens) - 1):
+        draft = prompt_lookup(tokens[:t], k, prefer=prefer)
+        n = 0
+        while n < len(draft) and t + n < len(tokens) and draft[n] == tokens[t + n]:
+            n += 1
+        kept.append(n)
+    return sum(kept) / len(kept) if kept else 0.0
 
 
 @dataclass

@@ -14,8 +14,10 @@ request's arrival time:
   *generation stall*, which a mean TPOT hides (Chapter 7: another request's prefill).
 - **Throughput** = output tokens of all requests / the time from the first arrival to the last
   token; **request rate** the same with requests.
-- **Goodput** = requests per second that met a service-level objective (SLO) on TTFT and TPOT,
-  the quantity DistServe (Zhong et al., OSDI 2024) optimises instead of raw throughput.
+- **In-SLO rate** = requests per second of one run that met a service-level objective (SLO) on
+  TTFT and TPOT, and **SLO attainment** their share. *Goodput*, as DistServe (Zhong et al., OSDI
+  2024) defines it, is a property of a configuration, not of a run: the highest arrival rate at
+  which the attainment stays at a target such as 90% (``inferlab.sim.goodput`` searches for it).
 
 ``static_slot_utilisation`` predicts how much of its decode slots static batching uses, which
 bounds what continuous batching can gain (Chapter 4, Exercise 4.4).
@@ -160,7 +162,7 @@ class Summary:
     latency: Percentiles
     slo: SLO | None = None
     slo_attainment: float = math.nan  # fraction of requests within the SLO
-    goodput: float = math.nan         # requests per second within the SLO
+    in_slo_rate: float = math.nan     # requests per second within the SLO (not goodput)
 
     def row(self) -> dict:
         """A flat dictionary (seconds and per-second rates), for tables and JSON files."""
@@ -173,7 +175,7 @@ class Summary:
                         f"{name}_p95_s": p.p95, f"{name}_p99_s": p.p99})
         if self.slo is not None:
             out.update(slo_ttft_s=self.slo.ttft_s, slo_tpot_s=self.slo.tpot_s,
-                       slo_attainment=self.slo_attainment, goodput_req_s=self.goodput)
+                       slo_attainment=self.slo_attainment, in_slo_req_s=self.in_slo_rate)
         return out
 
     def __str__(self) -> str:
@@ -183,12 +185,12 @@ class Summary:
                 f"p99 {self.ttft.p99 * ms:.0f} ms | TPOT p50 {self.tpot.p50 * ms:.1f} ms | "
                 f"latency p50 {self.latency.p50 * ms:.0f} ms, p99 {self.latency.p99 * ms:.0f} ms")
         if self.slo is not None:
-            text += f" | goodput {self.goodput:.2f} req/s ({self.slo_attainment:.0%} in SLO)"
+            text += f" | {self.in_slo_rate:.2f} req/s within the SLO ({self.slo_attainment:.0%})"
         return text
 
 
 def summarize(timings: Sequence[RequestTiming], slo: SLO | None = None) -> Summary:
-    """Throughput, percentiles and (with an SLO) goodput of a set of finished requests."""
+    """Throughput, percentiles and (with an SLO) the in-SLO rate of a set of finished requests."""
     done = [t for t in timings if t.n_tokens > 0]
     if not done:
         raise ValueError("no request produced a token: nothing to summarise")
@@ -197,16 +199,16 @@ def summarize(timings: Sequence[RequestTiming], slo: SLO | None = None) -> Summa
     duration = end - start
     n_tokens = sum(t.n_tokens for t in done)
     rate = (lambda count: count / duration if duration > 0 else math.inf)
-    attainment = goodput = math.nan
+    attainment = in_slo = math.nan
     if slo is not None:
         met = sum(slo.met_by(t) for t in done)
-        attainment, goodput = met / len(done), rate(met)
+        attainment, in_slo = met / len(done), rate(met)
     return Summary(n_requests=len(done), n_tokens=n_tokens, duration_s=duration,
                    throughput=rate(n_tokens), request_rate=rate(len(done)),
                    ttft=Percentiles.of(t.ttft for t in done),
                    tpot=Percentiles.of(t.tpot for t in done),
                    latency=Percentiles.of(t.latency for t in done),
-                   slo=slo, slo_attainment=attainment, goodput=goodput)
+                   slo=slo, slo_attainment=attainment, in_slo_rate=in_slo)
 
 
 def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:

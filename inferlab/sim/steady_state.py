@@ -109,7 +109,8 @@ class Window:
     tpot: Percentiles
     latency: Percentiles
     slo_attainment: float         # share of window arrivals within the SLO (NaN without one)
-    goodput_req_s: float          # window arrivals within the SLO, per second
+    goodput_req_s: float          # window arrivals within the SLO, per second (the in-SLO rate
+                                  # of this window; goodput proper is the search's result)
     mean_batch: float             # sequences per decode step inside the window
     prefill_s: float              # busy time inside the window spent on prefills
     decode_s: float               # and on decode steps (the rest of the window was idle)
