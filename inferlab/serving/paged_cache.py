@@ -112,6 +112,20 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], block_size: int, 
     return ids.view(B, T), pos.view(B, T), meta
 
 
+def cache_dtype(model) -> torch.dtype:
+    """The dtype ``PagedKVCache.for_model`` stores K and V in: the model's compute dtype (its
+    embedding table's), also when its linear layers hold int8 weights."""
+    return model.dtype
+
+
+def block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of the pool takes: K and V, every layer and KV head, ``block_size``
+    tokens of ``head_dim`` numbers in ``dtype``: what the cache stores, whatever the weights'
+    format."""
+    c = model_config
+    return 2 * c.n_layers * block_size * c.n_kv_heads * c.head_dim * dtype.itemsize
+
+
 class PagedKVCache:
     """The paged K/V pool of every layer: keys (L, blocks, K, D, block_size), values
     (L, blocks, K, block_size, D); ``n_heads`` query heads share the ``n_kv_heads``."""
@@ -151,8 +165,8 @@ class PagedKVCache:
             raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
         memory = memory_class(config.num_blocks, config.block_size, config.watermark)
-        return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
-                   use_triton, c.n_heads)
+        return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, cache_dtype(model),
+                   model.device, use_triton, c.n_heads)
 
     @property
     def allocator(self):
