@@ -13,7 +13,12 @@
 - Overload: with ``max_waiting`` requests already queued the server answers 429 with
   ``Retry-After`` rather than queueing without bound; while it drains or if the engine loop
   died, 503.
-- ``GET /v1/models``, ``GET /health`` (200, or 503 while draining), ``GET /metrics``
+- A request the engine cannot serve is refused with a 400 whose ``param`` names the field, by
+  the engine's own check (``OnlineEngine.check``), before it is queued. An error inside the
+  engine ends only the requests it hit: a 500 (streaming: an error object, then ``[DONE]``, as
+  vLLM does), while the engine serves the rest.
+- ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
+  stopped), ``GET /metrics``
   (Prometheus text, ``inferlab.serve.metrics``).
 - Shutdown (uvicorn's, on SIGTERM or ``should_exit``) stops accepting, lets the open requests
   finish, then the lifespan hook drains and stops the engine.
@@ -35,8 +40,8 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferlab.serve.metrics import ServerMetrics
-from inferlab.serve.protocol import (CompletionRequest, completion, completion_id, error_body,
-                                     model_list, single_prompt, usage)
+from inferlab.serve.protocol import (API_NAMES, CompletionRequest, completion, completion_id,
+                                     error_body, model_list, single_prompt, usage)
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import InvalidRequestError
@@ -139,7 +144,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             return CompletionRequest.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
+            param = str(err["loc"][0]) if err["loc"] else None  # the body's field at fault
             raise APIError(400, f"{param}: {err['msg']}", param=param) from None
 
     def engine_request(req: CompletionRequest, tenant: str) -> EngineRequest:
@@ -148,10 +153,15 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from None
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return EngineRequest(tuple(ids), req.max_tokens,
-                             eos_token_ids=() if req.ignore_eos else eos_ids,
-                             temperature=req.temperature, seed=req.seed,
-                             cache_salt=tenants.cache_salt(tenant))
+        er = EngineRequest(tuple(ids), req.max_tokens,
+                           eos_token_ids=() if req.ignore_eos else eos_ids,
+                           temperature=req.temperature, seed=req.seed,
+                           cache_salt=tenants.cache_salt(tenant))
+        try:  # the engine's own check, in this API's field names: refused here, alone
+            engine.check(er, API_NAMES)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), param=e.field) from None
+        return er
 
     def finish(cid, tenant, stream, detok, reason_if_aborted, first_chunk_s=None):
         """The finish reason, and the record of the engine's timing (with, for a stream, when
@@ -167,6 +177,12 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                                       "first_chunk_s": first_chunk_s})
         return reason
 
+    def engine_failed(stream) -> APIError:
+        """The 500 of a request that an error inside the engine ended (the engine serves on)."""
+        why = stream.finished.error if stream.finished else None
+        return APIError(500, why or "the engine failed while serving this request",
+                        "server_error")
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         received = engine.clock.now()  # the request's arrival, for the engine's timing of it
@@ -178,13 +194,13 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             tenant = tenants.tenant_of(request.headers.get("authorization"))
         except UnknownKeyError as e:
             raise APIError(401, str(e), code="invalid_api_key") from None
+        er = engine_request(req, tenant)  # a bad request is a 400 whatever the load
         if app.state.draining or not engine.alive:
             raise APIError(503, "the server is shutting down", "server_error", retry=True)
         if engine.num_waiting >= max_waiting:
             metrics.rejected(tenant)
             raise APIError(429, f"{engine.num_waiting} requests are queued already; retry "
                            "later", "rate_limit_error", retry=True)
-        er = engine_request(req, tenant)
         try:
             tenants.acquire(tenant)
         except TenantLimitError as e:
@@ -194,7 +210,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             stream = engine.submit(er, loop=asyncio.get_running_loop(), arrival_s=received)
         except InvalidRequestError as e:
             tenants.release(tenant)
-            raise APIError(400, str(e), param="prompt") from None
+            raise APIError(400, str(e), param=e.field) from None
         except EngineClosedError as e:
             tenants.release(tenant)
             raise APIError(503, str(e), "server_error", retry=True) from None
@@ -217,8 +233,12 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                         yield chunk
                     delta = detok.flush()
                     reason = finish(cid, tenant, stream, detok, "stop", first_chunk_s)
-                    yield json.dumps(completion(cid, model_name, delta, reason,
-                                                usage(n_prompt, len(stream.tokens)), created))
+                    if reason == "error":  # as vLLM does: an error object, then [DONE]
+                        yield json.dumps(engine_failed(stream).body)
+                    else:
+                        yield json.dumps(completion(cid, model_name, delta, reason,
+                                                    usage(n_prompt, len(stream.tokens)),
+                                                    created))
                     yield "[DONE]"
                 finally:
                     if stream.finished is None:  # a stop string, or the client went away
@@ -242,7 +262,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                 engine.abort(stream)
             tenants.release(tenant)
         if reason == "error":
-            raise APIError(500, "the engine failed while serving this request", "server_error")
+            raise engine_failed(stream)
         return completion(cid, model_name, "".join(text), reason,
                           usage(n_prompt, len(stream.tokens)), created)
 

@@ -2,10 +2,12 @@
 
 The bodies follow OpenAI's legacy Completions API, the one vLLM and SGLang also serve, so the
 official ``openai`` client and any load generator written for those engines work unchanged:
-``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1),
-``stop`` (a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per
-token, then ``data: [DONE]``), ``seed``, and vLLM's ``ignore_eos`` (generate exactly
-``max_tokens``, as a load generator wants). Fields the engine does not implement are accepted and
+``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1, at
+most 2; a temperature below 1e-5, ``inferlab.serving.sampling.GREEDY_BELOW``, decodes greedily,
+as 0 does), ``stop`` (a string or a list of up to four), ``stream`` (Server-Sent Events, one
+chunk per token, then ``data: [DONE]``), ``seed`` (a 64-bit signed integer: the same seed and
+prompt give the same tokens whatever else the server is running), and vLLM's ``ignore_eos``
+(generate exactly ``max_tokens``, as a load generator wants). Fields the engine does not implement are accepted and
 ignored when they ask for the default (``n=1``), refused otherwise.
 
 Errors carry OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
@@ -21,14 +23,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class CompletionRequest(BaseModel):
-    """The body of POST /v1/completions. Unknown fields are allowed (clients send extras)."""
+    """The body of POST /v1/completions. Unknown fields are allowed (clients send extras).
 
-    model_config = ConfigDict(extra="allow")
+    Strict, as JSON's types are: ``true`` is not a number, ``"5"`` not an integer (an integer
+    is a number, though).
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    # Types are checked here; ranges by the engine's own check (``validate_request``, with
+    # ``API_NAMES``), the one every front door runs: max_tokens >= 1 and within the context,
+    # temperature in [0, 2] (below 1e-5: greedy), seed a 64-bit signed integer.
+    max_tokens: int = 16
+    temperature: float = 1.0
     stop: str | list[str] | None = None
     stream: bool = False
     seed: int | None = None
@@ -46,6 +55,10 @@ class CompletionRequest(BaseModel):
     @property
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if s]
+
+
+# The engine's field names, as this API spells them (for the engine check's messages).
+API_NAMES = {"max_new_tokens": "max_tokens"}
 
 
 def single_prompt(prompt) -> str | list[int]:
