@@ -124,19 +124,19 @@ def validate_request(request: Request, config, num_blocks: int | None = None,
 
     p, n, V = request.prompt, request.max_new_tokens, config.vocab_size
     if len(p) == 0:
-        refuse("prompt", "the prompt is empty: a request needs at least one token")
+        refuse("prompt", "the {prompt} is empty: a request needs at least one token")
     odd = next((t for t in p if not isinstance(t, int) or isinstance(t, bool)), None)
     if odd is not None:
-        refuse("prompt", f"the prompt holds {odd!r} ({type(odd).__name__}); token ids are "
+        refuse("prompt", f"the {{prompt}} holds {odd!r} ({type(odd).__name__}); token ids are "
                "integers (a list, or an integer NumPy array or tensor)")
     if not all(0 <= t < V for t in p):
-        refuse("prompt", f"the prompt holds token ids outside [0, {V})")
+        refuse("prompt", f"the {{prompt}} holds token ids outside [0, {V})")
     if not all(isinstance(t, int) and 0 <= t < V for t in request.eos_token_ids):
         refuse("eos_token_ids", f"{{eos_token_ids}} must be token ids in [0, {V}), got "
                f"{request.eos_token_ids!r}")
     if len(p) > config.max_seq_len:
-        refuse("prompt", f"the prompt has {len(p)} tokens but the model's context is "
-               f"{config.max_seq_len}; shorten the prompt")
+        refuse("prompt", f"the {{prompt}} has {len(p)} tokens but the model's context is "
+               f"{config.max_seq_len}; shorten the {{prompt}}")
     if not _is_int(n) or n <= 0:
         refuse("max_new_tokens", f"{{max_new_tokens}} must be a positive integer, got {n!r}")
     if longest_tokens(len(p), n) > config.max_seq_len:

@@ -1,0 +1,205 @@
+"""No request can take the engine down (issue 28): one validation at every front door, sampling
+that cannot produce NaN, failures isolated per request, seeded sampling that depends on the
+request alone, and ``serve`` on a quantized model. The HTTP side is in tests/test_serve_fuzz.py.
+"""
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from inferlab.model.config import ModelConfig
+from inferlab.model.generate import generate
+from inferlab.model.llama import build_model
+from inferlab.model.quant import int8_weight_only
+from inferlab.serving import engine as engine_module
+from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import Engine, serve
+from inferlab.serving.online import OnlineEngine
+from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, Request, Sequence,
+                                      validate_request)
+from inferlab.serving.sampling import GREEDY_BELOW, sample
+
+CONFIG = ServingConfig(num_blocks=64, max_batch=8)
+
+
+@lru_cache(maxsize=None)
+def tiny():
+    """The issue's model: ``tiny`` as it is built, float32."""
+    return build_model(ModelConfig.from_name("tiny"), seed=0)
+
+
+@lru_cache(maxsize=None)
+def model():  # float64 and small: batching, chunking and preemption never flip a choice
+    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
+    return build_model(config, seed=0).to(torch.float64)
+
+
+def prompt(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(1, 500, (n,), generator=g).tolist())
+
+
+def offline(m, request, config=CONFIG):
+    return serve(m, [request], config).results[0]
+
+
+# -- the four reproductions of the issue ----------------------------------------------------------
+def test_a_seed_out_of_torch_range_is_refused_alone_everywhere():
+    bad, ordinary = Request((4, 5, 6), 4, temperature=0.7, seed=2**64), Request((1, 2, 3), 4)
+    eng = OnlineEngine(tiny(), CONFIG)
+    try:
+        with pytest.raises(InvalidRequestError, match="seed") as refused:
+            eng.submit(bad)
+        assert refused.value.field == "seed"
+        stream = eng.submit(ordinary)
+        assert stream.result() == list(offline(tiny(), ordinary).tokens)
+        assert eng.alive and eng.wait_idle() and eng.blocks_in_use == 0
+    finally:
+        eng.shutdown(drain=False)
+    run = serve(tiny(), [bad, ordinary], CONFIG)  # offline: that request alone is refused
+    assert not run.results[0].ok and "request 0 refused" in run.results[0].error
+    assert "seed" in run.results[0].error and run.results[0].tokens == ()
+    assert run.results[1].ok and run.results[1].tokens == offline(tiny(), ordinary).tokens
+
+
+def test_a_temperature_below_the_floor_is_greedy_not_nan():
+    cold, greedy = Request((4, 5, 6), 6, temperature=1e-40, seed=3), Request((4, 5, 6), 6)
+    want = offline(tiny(), greedy).tokens
+    assert offline(tiny(), cold).tokens == want
+    eng = OnlineEngine(tiny(), CONFIG)
+    try:
+        assert eng.submit(cold).result() == list(want)
+        assert eng.alive and eng.num_failed == 0
+    finally:
+        eng.shutdown(drain=False)
+
+
+def test_seeded_sampling_does_not_depend_on_chunking():
+    request = Request(tuple(range(1, 41)), 8, temperature=0.8, seed=7)
+    alone = offline(tiny(), request).tokens
+    chunked = serve(tiny(), [request], ServingConfig(num_blocks=64, max_batch=8,
+                                                     policy="chunked", token_budget=16))
+    assert any(c > 0 for it in chunked.iterations for _, _, c in it.chunks)  # it was split
+    assert chunked.results[0].tokens == alone
+
+
+def test_serve_runs_an_int8_quantized_model_with_its_default_pool():
+    q = int8_weight_only(build_model(ModelConfig.from_name("tiny").scaled(n_layers=2), seed=0))
+    requests = [Request(prompt(9, i), 6) for i in range(3)]
+    run = serve(q, requests)  # the pool sized by serve(): block bytes from the cache's dtype
+    for request, result in zip(requests, run.results):
+        assert result.ok, result.error
+        assert list(result.tokens) == generate(q, torch.tensor(request.prompt), 6)[0, 9:].tolist()
+    c = q.config
+    assert engine_module.block_bytes(q, 16) == 2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 4
+    assert engine_module.block_bytes(q, 16) == \
+        Engine(q, ServingConfig(num_blocks=1)).cache.nbytes  # one block: what the pool holds
+
+
+# -- one validation, every field ------------------------------------------------------------------
+BAD_FIELDS = [
+    (dict(temperature=2.5), "temperature"), (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(temperature=float("inf")),
+                                                      "temperature"),
+    (dict(temperature="hot"), "temperature"), (dict(temperature=True), "temperature"),
+    (dict(seed=SEED_MAX + 1), "seed"), (dict(seed=SEED_MIN - 1), "seed"), (dict(seed=1.5), "seed"),
+    (dict(seed=True), "seed"), (dict(seed="7"), "seed"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=2.0), "max_new_tokens"), (dict(arrival_s=float("nan")), "arrival_s"),
+    (dict(cache_salt=7), "cache_salt"), (dict(eos_token_ids=(-1,)), "eos_token_ids"),
+    (dict(prompt=(1, 10**6)), "prompt"),
+]
+
+
+@pytest.mark.parametrize("change, field", BAD_FIELDS)
+def test_every_field_is_checked_and_named(change, field):
+    fields = dict(prompt=(1, 2, 3), max_new_tokens=4, temperature=0.5, seed=1) | change
+    request = Request(**fields)
+    with pytest.raises(InvalidRequestError) as refused:
+        validate_request(request, model().config)
+    assert refused.value.field == field and field in str(refused.value)
+    with pytest.raises(InvalidRequestError) as renamed:  # in the caller's names
+        validate_request(request, model().config, names={field: "the_" + field})
+    assert renamed.value.field == "the_" + field and "the_" + field in str(renamed.value)
+
+
+@pytest.mark.parametrize("seed", [SEED_MIN, -1, 0, SEED_MAX])
+def test_every_accepted_seed_seeds_a_generator(seed):
+    request = Request((1, 2, 3), 3, temperature=1.0, seed=seed)
+    validate_request(request, model().config)
+    assert Sequence.of(0, request).generator is not None
+
+
+def test_sampling_never_gives_nan_for_any_accepted_temperature():
+    logits = torch.randn(6, 512, dtype=torch.float64) * 30
+    logits[0, 7] = 1e4  # a huge logit: scaled by 1 / 1e-5 it would overflow without the shift
+    temps = torch.tensor([0.0, GREEDY_BELOW / 10, GREEDY_BELOW, 0.3, 1.0, 2.0])
+    gens = [torch.Generator().manual_seed(i) for i in range(6)]
+    tokens = sample(logits, temps, gens)
+    greedy = logits.argmax(-1).tolist()
+    assert tokens[:3] == greedy[:3]  # below the floor (and at it, here): the argmax
+    assert all(0 <= t < 512 for t in tokens)
+    again = sample(logits, temps, [torch.Generator().manual_seed(i) for i in range(6)])
+    assert again == tokens  # seeded
+    cold = torch.Generator().manual_seed(1)  # a greedy row never draws from its generator
+    state = cold.get_state()
+    assert sample(logits[1:2], temps[1:2], [cold]) == greedy[1:2]
+    assert torch.equal(cold.get_state(), state)
+    hot = torch.Generator().manual_seed(4)  # a row without a generator does not draw (a chunk)
+    assert sample(logits[3:5], temps[3:5], [None, hot])[0] == greedy[3]
+    assert not torch.equal(hot.get_state(), state)
+
+
+# -- seeded sampling is a function of the request alone ------------------------------------------
+CONFIGS = {
+    "continuous, batch 8": ServingConfig(num_blocks=64, max_batch=8),
+    "continuous, batch 2": ServingConfig(num_blocks=64, max_batch=2),
+    "continuous, tight pool": ServingConfig(num_blocks=11, block_size=4, max_batch=6),
+    "chunked, budget 6": ServingConfig(num_blocks=64, max_batch=6, policy="chunked",
+                                       token_budget=6),
+    "chunked, budget 16": ServingConfig(num_blocks=64, max_batch=8, policy="chunked",
+                                        token_budget=16),
+    "chunked, budget 9, tight pool": ServingConfig(num_blocks=11, block_size=4, max_batch=4,
+                                                   policy="chunked", token_budget=9),
+    "static": ServingConfig(num_blocks=64, max_batch=4, policy="static"),
+}
+
+
+def mixed_requests():
+    """Seeded and greedy requests of several lengths, arriving together and a little apart."""
+    out = []
+    for i in range(6):
+        seeded = i % 3 != 2
+        out.append(Request(prompt(5 + 5 * i, seed=i), 10, 0.001 * (i // 2), f"r{i}",
+                           temperature=0.9 if seeded else 0.0, seed=100 + i if seeded else None))
+    return out
+
+
+@lru_cache(maxsize=None)
+def alone_tokens(request):
+    return offline(model(), request, ServingConfig(num_blocks=64, max_batch=1)).tokens
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_seeded_tokens_are_those_of_the_request_served_alone(name):
+    requests = mixed_requests()
+    engine = Engine(model(), CONFIGS[name])
+    run = engine.run(requests)
+    for request, result in zip(requests, run.results):
+        assert result.ok, result.error
+        assert result.tokens == alone_tokens(request), (name, request.request_id)
+    assert engine.cache.memory.num_free == engine.num_blocks
+    if "tight" in name:
+        assert run.num_preemptions > 0  # the case it is meant to cover did happen
+    if "chunked" in name:
+        assert any(c > 0 for it in run.iterations for _, _, c in it.chunks)
+
+
+def test_seeded_tokens_are_the_same_online():
+    requests = mixed_requests()
+    eng = OnlineEngine(model(), CONFIGS["chunked, budget 6"])
+    try:
+        streams = [eng.submit(r) for r in requests]
+        assert [tuple(s.result()) for s in streams] == [alone_tokens(r) for r in requests]
+    finally:
+        eng.shutdown(drain=False)
