@@ -22,6 +22,8 @@ from inferlab.serving.sampling import GREEDY_BELOW, sample
 
 CONFIG = ServingConfig(num_blocks=64, max_batch=8)
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # an engine thread runs beside the test
+
 
 @lru_cache(maxsize=None)
 def tiny():
@@ -201,5 +203,131 @@ def test_seeded_tokens_are_the_same_online():
     try:
         streams = [eng.submit(r) for r in requests]
         assert [tuple(s.result()) for s in streams] == [alone_tokens(r) for r in requests]
+    finally:
+        eng.shutdown(drain=False)
+
+
+# -- failures are isolated: injected at each stage, the engine keeps serving ---------------------
+CHUNKED = ServingConfig(num_blocks=64, max_batch=8, policy="chunked", token_budget=16)
+MARKED = Request(prompt(12, seed=99), 10, request_id="marked")
+
+
+def is_marked(seq) -> bool:
+    return tuple(seq.prompt) == MARKED.prompt
+
+
+def inject(eng, stage, monkeypatch):
+    """Make ``stage`` raise: for the marked request where the stage handles one request, once
+    for the whole step where it handles a batch."""
+    fired = []
+
+    def once(real):
+        def wrapper(*args):
+            if not fired:
+                fired.append(True)
+                raise RuntimeError(f"injected into {stage}")
+            return real(*args)
+        return wrapper
+
+    def for_marked(real):
+        def wrapper(seq, *args):
+            if is_marked(seq):
+                fired.append(True)
+                raise RuntimeError(f"injected into {stage}")
+            return real(seq, *args)
+        return wrapper
+
+    if stage == "admission":  # making the engine's sequence out of the request
+        real_of = Sequence.of.__func__
+
+        def failing_of(cls, seq_id, request, **kwargs):
+            if request.prompt == MARKED.prompt:
+                fired.append(True)
+                raise RuntimeError(f"injected into {stage}")
+            return real_of(cls, seq_id, request, **kwargs)
+        monkeypatch.setattr(Sequence, "of", classmethod(failing_of))
+    elif stage == "arrival":  # the scheduler taking it into its waiting queue
+        eng.scheduler.add = for_marked(eng.scheduler.add)
+    elif stage == "scheduling":  # the policy admitting it, halfway through a step
+        eng.scheduler.admit = for_marked(eng.scheduler.admit)
+    elif stage == "prefill":
+        eng.server.runner.prefill = for_marked(eng.server.runner.prefill)
+    elif stage == "decode batch":
+        real = eng.server.runner.decode
+        eng.server.runner.decode = lambda rows: (
+            once(real)(rows) if any(is_marked(s) for s in rows) else real(rows))
+    elif stage == "chunked forward":
+        real = eng.server.runner.forward
+        eng.server.runner.forward = lambda decodes, chunks: (
+            once(real)(decodes, chunks)
+            if any(is_marked(s) for s in [*decodes, *(s for s, _ in chunks)])
+            else real(decodes, chunks))
+    elif stage == "sampling":  # the model's logits turn NaN for the marked request's rows
+        real = eng.server.runner.model.forward
+
+        def nan_for_marked(ids, positions, cache, **kw):
+            out = real(ids, positions, cache, **kw)
+            rows = [i for i, t in enumerate(cache.tables) if t is marked_table(eng)]
+            if rows and not fired:
+                fired.append(True)
+                out = out.clone()
+                out[rows if out.shape[0] > 1 else 0] = float("nan")
+            return out
+        eng.server.runner.model = _Wrapped(eng.server.runner.model, nan_for_marked)
+    return fired
+
+
+class _Wrapped:
+    """A model whose forward is replaced, everything else passed through."""
+
+    def __init__(self, model, forward):
+        self._model, self._forward = model, forward
+
+    def __call__(self, *args, **kwargs):
+        return self._forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def marked_table(eng):
+    for seq in eng.scheduler.running:
+        if is_marked(seq):
+            return seq.table
+    return None
+
+
+STAGES = [("admission", CONFIG), ("arrival", CONFIG), ("scheduling", CONFIG),
+          ("prefill", CONFIG), ("decode batch", CONFIG), ("chunked forward", CHUNKED),
+          ("scheduling", CHUNKED), ("sampling", CONFIG)]
+
+
+@pytest.mark.parametrize("stage, config", STAGES, ids=[f"{s}-{c.policy}" for s, c in STAGES])
+def test_a_failure_at_any_stage_ends_its_requests_and_the_engine_serves_on(stage, config,
+                                                                           monkeypatch):
+    others = [Request(prompt(6 + 3 * i, seed=i), 12, request_id=i) for i in range(5)]
+    later = [Request(prompt(8, seed=50 + i), 8, request_id=f"later{i}") for i in range(3)]
+    want = {r.request_id: alone_tokens(r) for r in [*others, *later]}
+    eng = OnlineEngine(model(), config)
+    try:
+        fired = inject(eng, stage, monkeypatch)
+        streams = [eng.submit(r) for r in others[:2]]
+        marked = eng.submit(MARKED)  # among others, in one inbox batch
+        streams += [eng.submit(r) for r in others[2:]]
+        assert eng.wait_idle(60), "a stream never ended"
+        assert fired, "the failure was never injected"
+        assert marked.result() is not None and marked.finished.reason == "error"
+        assert ("not finite" if stage == "sampling" else "injected") in marked.finished.error
+        for r, s in zip([*others[:2], *others[2:]], streams):
+            s.result()
+            if s.finished.reason == "error":  # blamed with the marked one (one forward pass)
+                assert stage in ("decode batch", "chunked forward", "scheduling", "sampling")
+            else:
+                assert tuple(s.tokens) == want[r.request_id]
+        assert eng.blocks_in_use == 0 and not eng.scheduler.running
+        assert eng.alive and eng.error is None and eng.num_failed >= 1
+        assert [tuple(eng.submit(r).result()) for r in later] == \
+            [want[r.request_id] for r in later]
+        assert eng.blocks_in_use == 0
     finally:
         eng.shutdown(drain=False)

@@ -39,21 +39,23 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor,
 
     ``temperatures`` (n,) holds each row's temperature; ``generators[i]`` is row i's random
     stream, or None for a row that must not draw (it is then greedy, whatever its temperature).
-    Raises ``ValueError`` only if a sampled row's logits are not finite (a model fault, not a
-    request's).
+    Raises ``ValueError`` only if some logits are not finite (a model fault, not a request's:
+    the engine then ends the rows' requests with that error).
     """
     n = logits.shape[0]
     if temperatures.shape != (n,) or len(generators) != n:
         raise ValueError(f"{n} rows of logits, {tuple(temperatures.shape)} temperatures and "
                          f"{len(generators)} generators")
+    finite = torch.isfinite(logits).all(-1)  # (n,): a NaN row would silently argmax to 0
+    if not bool(finite.all()):
+        rows = (~finite).nonzero().flatten().tolist()
+        raise ValueError(f"the model produced logits that are not finite in rows {rows}")
     tokens = logits.argmax(-1).tolist()  # (n,): every row's greedy choice
     hot = [i for i, g in enumerate(generators)
            if g is not None and not is_greedy(float(temperatures[i]))]
     if not hot:
         return tokens
     x = logits[hot].float().cpu()  # (h, V) float32
-    if not torch.isfinite(x).all():
-        raise ValueError("the model produced logits that are not finite; cannot sample")
     t = temperatures[hot].float().cpu().view(-1, 1)  # (h, 1)
     scaled = (x - x.amax(-1, keepdim=True)) / t  # (h, V): <= 0, the largest exactly 0
     probs = torch.softmax(scaled, dim=-1)  # (h, V)
