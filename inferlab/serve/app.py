@@ -17,6 +17,8 @@
   the engine's own check (``OnlineEngine.check``), before it is queued. An error inside the
   engine ends only the requests it hit: a 500 (streaming: an error object, then ``[DONE]``, as
   vLLM does), while the engine serves the rest.
+- It logs a banner when it starts and serving stats every ``stats_interval_s`` seconds
+  (``inferlab.serve.logs``).
 - ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
   stopped), ``GET /metrics``
   (Prometheus text, ``inferlab.serve.metrics``).
@@ -39,9 +41,10 @@ from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
 from inferlab.serve.protocol import (API_NAMES, CompletionRequest, completion, completion_id,
-                                     error_body, model_list, single_prompt, usage)
+                                     error_body, model_list, single_prompt, usage, usage_chunk)
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import InvalidRequestError
@@ -106,17 +109,25 @@ class Detokenizer:
 
 
 def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
-               tenants: Tenants | None = None, drain_timeout_s: float = 30.0) -> FastAPI:
-    """An app serving ``engine`` (an ``OnlineEngine``) as ``model_name``."""
+               tenants: Tenants | None = None, drain_timeout_s: float = 30.0,
+               stats_interval_s: float = 10.0) -> FastAPI:
+    """An app serving ``engine`` (an ``OnlineEngine``) as ``model_name``; it logs a banner at
+    startup and serving stats every ``stats_interval_s`` seconds (0: never)."""
     tenants = tenants or Tenants()
     metrics = ServerMetrics(engine)
-    created = int(time.time())
+    started = int(time.time())  # the model's "created" in /v1/models
     eos = tokenizer.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
 
     @asynccontextmanager
     async def lifespan(app):
+        log.info(banner(engine, model_name))
+        stats = None
+        if stats_interval_s > 0:
+            stats = asyncio.create_task(StatsLogger(engine, metrics, stats_interval_s).run())
         yield
+        if stats is not None:
+            stats.cancel()
         app.state.draining = True
         await asyncio.to_thread(engine.shutdown, True, drain_timeout_s)
 
@@ -145,7 +156,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         except ValidationError as e:
             err = e.errors()[0]
             param = str(err["loc"][0]) if err["loc"] else None  # the body's field at fault
-            raise APIError(400, f"{param}: {err['msg']}", param=param) from None
+            why = err.get("ctx", {}).get("error") or err["msg"]  # our own message, if ours
+            raise APIError(400, f"{param}: {why}", param=param) from None
 
     def engine_request(req: CompletionRequest, tenant: str) -> EngineRequest:
         try:
@@ -215,7 +227,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             tenants.release(tenant)
             raise APIError(503, str(e), "server_error", retry=True) from None
         cid, detok = completion_id(), Detokenizer(tokenizer, req.stops)
-        n_prompt = len(er.prompt)
+        created, n_prompt = int(time.time()), len(er.prompt)  # this response's creation time
+        with_usage = req.include_usage  # stream_options: usage on its own last chunk
 
         if req.stream:
             async def events():
@@ -227,7 +240,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                             break
                         # a chunk per token, even when its text is held back (""), so that a
                         # client's chunk times are token times
-                        chunk = json.dumps(completion(cid, model_name, delta, None, None, created))
+                        chunk = json.dumps(completion(cid, model_name, delta, None, None,
+                                                      created, with_usage))
                         if first_chunk_s is None:
                             first_chunk_s = engine.clock.now()
                         yield chunk
@@ -236,15 +250,18 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                     if reason == "error":  # as vLLM does: an error object, then [DONE]
                         yield json.dumps(engine_failed(stream).body)
                     else:
-                        yield json.dumps(completion(cid, model_name, delta, reason,
-                                                    usage(n_prompt, len(stream.tokens)),
-                                                    created))
+                        yield json.dumps(completion(cid, model_name, delta, reason, None,
+                                                    created, with_usage))
+                        if with_usage:
+                            yield json.dumps(usage_chunk(cid, model_name, usage(
+                                n_prompt, len(stream.tokens)), created))
                     yield "[DONE]"
                 finally:
                     if stream.finished is None:  # a stop string, or the client went away
                         engine.abort(stream)
                         if reason == "abort":
                             metrics.finished(tenant, "abort", None)
+                    metrics.tokens(n_prompt, len(stream.tokens))
                     tenants.release(tenant)
             return EventSourceResponse(events(), sep="\n")
 
@@ -260,6 +277,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         finally:
             if stream.finished is None and not detok.stopped:
                 engine.abort(stream)
+            metrics.tokens(n_prompt, len(stream.tokens))
             tenants.release(tenant)
         if reason == "error":
             raise engine_failed(stream)
@@ -268,7 +286,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
 
     @app.get("/v1/models")
     async def models():
-        return model_list([model_name], created)
+        return model_list([model_name], started)
 
     @app.get("/health")
     async def health():
