@@ -10,6 +10,7 @@ import torch
 
 from inferlab.model.config import ModelConfig
 from inferlab.model.generate import generate
+from inferlab.model.kv_cache import Int8KVCache
 from inferlab.model.llama import build_model
 from inferlab.model.quant import int8_weight_only
 from inferlab.serving import engine as engine_module
@@ -97,6 +98,52 @@ def test_serve_runs_an_int8_quantized_model_with_its_default_pool():
     assert engine_module.block_bytes(q, 16) == 2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 4
     assert engine_module.block_bytes(q, 16) == \
         Engine(q, ServingConfig(num_blocks=1)).cache.nbytes  # one block: what the pool holds
+
+
+# Requests whose greedy tokens an int8 KV cache changes (found by trying prompt seeds): they show
+# that the engine's int8 pool really rounds, and rounds as Chapter 5's Int8KVCache does.
+INT8_SENSITIVE = [Request(prompt(n, seed=s), 24, request_id=s)
+                  for s, n in [(8, 10), (9, 15), (11, 25), (14, 5), (36, 10)]]
+
+
+@lru_cache(maxsize=None)
+def alone_int8(request):
+    cache = Int8KVCache.for_model(model(), 1, max_len=len(request.prompt) + 23)
+    out = generate(model(), torch.tensor(request.prompt), 24, cache=cache)
+    return tuple(out[0, len(request.prompt):].tolist())
+
+
+@pytest.mark.parametrize("config", [
+    ServingConfig(num_blocks=64, max_batch=8, kv_cache_dtype="int8"),
+    ServingConfig(num_blocks=64, max_batch=8, policy="chunked", token_budget=12,
+                  kv_cache_dtype="int8")], ids=["continuous", "chunked"])
+def test_serve_with_an_int8_kv_cache_equals_chapter_5s_int8_cache(config):
+    engine = Engine(model(), config)
+    assert engine.cache.k.dtype == torch.int8
+    run = engine.run(INT8_SENSITIVE)
+    for request, result in zip(INT8_SENSITIVE, run.results):
+        assert result.tokens == alone_int8(request)
+        assert result.tokens != alone_tokens(Request(request.prompt, 24))  # it did round
+    assert engine.cache.memory.num_free == engine.num_blocks
+    if config.chunked:  # prompts continued over cached, int8 blocks
+        assert any(c > 0 for it in run.iterations for _, _, c in it.chunks)
+
+
+def test_an_int8_kv_pool_is_sized_by_its_own_bytes():
+    int8, plain = ServingConfig(kv_cache_dtype="int8"), ServingConfig()
+    c = model().config
+    per_block = engine_module.block_bytes(model(), 16, int8)
+    assert per_block == 2 * c.n_layers * 16 * c.n_kv_heads * (c.head_dim + 4)  # codes + scale
+    assert per_block == Engine(model(), int8.replace(num_blocks=1)).cache.nbytes
+    assert engine_module.block_bytes(model(), 16, plain) == \
+        2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 8  # float64
+    run = serve(model(), INT8_SENSITIVE[:2], int8)  # the pool serve() sizes itself
+    assert [r.tokens for r in run.results] == [alone_int8(r) for r in INT8_SENSITIVE[:2]]
+    eng = OnlineEngine(model(), int8.replace(num_blocks=32))  # and online
+    try:
+        assert tuple(eng.submit(INT8_SENSITIVE[2]).result()) == alone_int8(INT8_SENSITIVE[2])
+    finally:
+        eng.shutdown(drain=False)
 
 
 # -- one validation, every field ------------------------------------------------------------------

@@ -52,11 +52,13 @@ def refusals(requests: list[Request], model_config, num_blocks: int | None = Non
     return refused
 
 
-def block_bytes(model, block_size: int) -> int:
+def block_bytes(model, block_size: int, config: ServingConfig | None = None) -> int:
     """Bytes one KV block of ``model``'s paged cache takes: K and V, every layer,
-    ``block_size`` tokens, in the dtype the cache stores (not a weight's: an int8-quantized
-    model still caches K/V in its compute dtype)."""
-    return paged_cache.block_bytes(model.config, block_size, paged_cache.cache_dtype(model))
+    ``block_size`` tokens, in the dtype the cache stores (``config.kv_cache_dtype``, else the
+    model's compute dtype; never a weight's: an int8-quantized model still computes, and caches
+    K/V, in floats)."""
+    return paged_cache.block_bytes(model.config, block_size,
+                                   paged_cache.cache_dtype(model, config))
 
 
 def pool_blocks(model, requests: list[Request], config: ServingConfig,
@@ -69,7 +71,7 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
                    for i, r in enumerate(requests) if i not in refused), default=1)
     wanted = config.max_batch * blocks_for(longest, config.block_size)
     affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
-        block_bytes(model, config.block_size)
+        block_bytes(model, config.block_size, config)
     return max(1, min(wanted, affordable))
 
 

@@ -5,7 +5,7 @@ One function, ``sample``, serves every forward pass of the engine. It takes the 
 
 - a row whose temperature is below ``GREEDY_BELOW`` (0 included), or that has no generator, takes
   the argmax: greedy decoding. vLLM draws the same line (``_SAMPLING_EPS = 1e-5`` in
-  ``vllm/sampling_params.py``): below it a temperature is indistinguishable from 0, and dividing
+  ``vllm/sampling_params.py``, read at commit 00388f65): below it a temperature is indistinguishable from 0, and dividing
   logits by, say, 1e-40 overflows float32 to infinity and the softmax to NaN;
 - the other rows are sampled from softmax(logits / temperature), computed in float32 on the CPU
   (so that a seed gives the same tokens on every device) and stabilised by subtracting each row's
