@@ -19,7 +19,7 @@ from inferlab.serving.engine import Engine, serve
 from inferlab.serving.online import OnlineEngine
 from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, Request, Sequence,
                                       validate_request)
-from inferlab.serving.sampling import GREEDY_BELOW, sample
+from inferlab.serving.sampling import GREEDY_BELOW, sample, truncate
 
 CONFIG = ServingConfig(num_blocks=64, max_batch=8)
 
@@ -156,7 +156,8 @@ BAD_FIELDS = [
     (dict(seed=True), "seed"), (dict(seed="7"), "seed"), (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(max_new_tokens=2.0), "max_new_tokens"), (dict(arrival_s=float("nan")), "arrival_s"),
     (dict(cache_salt=7), "cache_salt"), (dict(eos_token_ids=(-1,)), "eos_token_ids"),
-    (dict(prompt=(1, 10**6)), "prompt"),
+    (dict(prompt=(1, 10**6)), "prompt"), (dict(top_k=-1), "top_k"), (dict(top_k=2.0), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
 ]
 
 
@@ -199,6 +200,41 @@ def test_sampling_never_gives_nan_for_any_accepted_temperature():
     assert not torch.equal(hot.get_state(), state)
 
 
+def test_top_k_and_top_p_sample_among_the_likeliest_tokens_only():
+    logits = torch.randn(4, 512, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    order = logits.argsort(-1, descending=True)
+    probs = torch.softmax(logits / 1.5, -1)
+    nucleus = [int(((probs[i, order[i]].cumsum(0) - probs[i, order[i]]) < 0.5).sum())
+               for i in range(4)]  # the tokens top_p = 0.5 keeps, likeliest first
+    assert 1 <= min(nucleus) and max(nucleus) < 512
+    temps, k, p = torch.full((4,), 1.5), torch.tensor([1, 3, 0, 0]), torch.tensor([1, 1, 0.5, 1e-9])
+    allowed = [set(order[0, :1].tolist()), set(order[1, :3].tolist()),
+               set(order[2, :nucleus[2]].tolist()), set(order[3, :1].tolist())]
+    seen = [set() for _ in range(4)]
+    for seed in range(200):
+        gens = [torch.Generator().manual_seed(seed * 4 + i) for i in range(4)]
+        for i, token in enumerate(sample(logits, temps, gens, k, p)):
+            assert token in allowed[i], (i, token)
+            seen[i].add(token)
+    assert seen[1] == allowed[1] and len(seen[2]) > 1  # it does sample within the set
+    kept = truncate(probs, torch.tensor([0, 2, 5, 0]), torch.tensor([1.0, 1.0, 0.3, 0.3]))
+    assert [int((row > 0).sum()) for row in kept] == \
+        [512, 2, min(5, nucleus_at(probs[2], order[2], 0.3, top_k=5)),
+         nucleus_at(probs[3], order[3], 0.3)]
+
+
+def nucleus_at(p, order, top_p, top_k=None):
+    """Tokens the nucleus of ``p`` keeps, counted by hand (renormalised over the top k)."""
+    sorted_p = p[order][:top_k] if top_k else p[order]
+    sorted_p = sorted_p / sorted_p.sum()
+    mass, n = 0.0, 0
+    for q in sorted_p.tolist():
+        if mass >= top_p:
+            break
+        mass, n = mass + q, n + 1
+    return n
+
+
 # -- seeded sampling is a function of the request alone ------------------------------------------
 CONFIGS = {
     "continuous, batch 8": ServingConfig(num_blocks=64, max_batch=8),
@@ -220,7 +256,8 @@ def mixed_requests():
     for i in range(6):
         seeded = i % 3 != 2
         out.append(Request(prompt(5 + 5 * i, seed=i), 10, 0.001 * (i // 2), f"r{i}",
-                           temperature=0.9 if seeded else 0.0, seed=100 + i if seeded else None))
+                           temperature=0.9 if seeded else 0.0, seed=100 + i if seeded else None,
+                           top_k=20 if i == 1 else 0, top_p=0.8 if i in (3, 4) else 1.0))
     return out
 
 

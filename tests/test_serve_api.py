@@ -19,7 +19,9 @@ from inferlab.serve.background import BackgroundServer
 from inferlab.serve.logs import StatsLogger, banner
 from inferlab.serve.protocol import NOT_IMPLEMENTED
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.engine import serve
 from inferlab.serving.online import OnlineEngine
+from inferlab.serving.request import Request
 
 NAME = "course-target"
 BODY = {"model": NAME, "prompt": "def parse(line):", "max_tokens": 6, "temperature": 0}
@@ -49,7 +51,7 @@ def post(srv, **changes):
 # What a client asks for that the server does not do, and the value that means "off".
 ASKED = {"best_of": 2, "echo": True, "frequency_penalty": 0.5, "presence_penalty": -1.0,
          "repetition_penalty": 1.2, "logit_bias": {"5": 10}, "logprobs": 1, "suffix": "}",
-         "top_p": 0.9, "top_k": 40, "min_p": 0.1, "min_tokens": 3}
+         "min_p": 0.1, "min_tokens": 3}
 
 
 @pytest.mark.parametrize("field", sorted(NOT_IMPLEMENTED))
@@ -61,6 +63,24 @@ def test_a_field_the_server_does_not_implement_is_refused_by_name(server, field)
     assert error["param"] == field and field in error["message"]
     for off in NOT_IMPLEMENTED[field][0]:  # the value that means "off" is accepted
         assert post(srv, **{field: off}).status_code == 200, (field, off)
+
+
+def test_top_p_and_top_k_sample_as_offline_serve_does(server):
+    srv, _ = server
+    model, tok = model_and_tokenizer()
+    ids = tuple(tok.encode(BODY["prompt"]))
+    for top_p, top_k in [(0.9, None), (None, 20), (0.7, 5), (1, -1)]:
+        body = {"temperature": 1.2, "seed": 5, "max_tokens": 12, "ignore_eos": True}
+        body |= {k: v for k, v in (("top_p", top_p), ("top_k", top_k)) if v is not None}
+        r = post(srv, **body)
+        assert r.status_code == 200, r.json()
+        want = serve(model, [Request(ids, 12, temperature=1.2, seed=5, top_p=top_p or 1.0,
+                                     top_k=max(top_k or 0, 0))],
+                     ServingConfig(num_blocks=64, max_batch=1)).results[0].tokens
+        assert r.json()["choices"][0]["text"] == tok.decode(list(want)), (top_p, top_k)
+    for bad in ({"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"top_k": 2.5}):
+        r = post(srv, **bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), bad
 
 
 def test_n_and_the_api_field_names_in_errors(server):

@@ -51,12 +51,13 @@ def server():
 
 
 @lru_cache(maxsize=None)
-def offline_text(prompt, max_tokens: int, temperature: float, seed) -> str:
+def offline_text(prompt, max_tokens: int, temperature: float, seed, top_k=0,
+                 top_p=1.0) -> str:
     """What the engine generates for the request alone, offline, decoded."""
     model, tok = model_and_tokenizer()
     ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
     request = Request(tuple(ids), max_tokens, eos_token_ids=(tok.eos_token_id,),
-                      temperature=temperature, seed=seed)
+                      temperature=temperature, seed=seed, top_k=top_k, top_p=top_p)
     result = serve(model, [request], ServingConfig(num_blocks=64, max_batch=1)).results[0]
     assert result.ok, result.error
     return tok.decode(list(result.tokens))
@@ -82,6 +83,10 @@ def valid_body(draw):
     elif body["temperature"] >= 1e-5:
         body["temperature"] = 0  # unseeded sampling has no offline twin to compare with
     if draw(st.booleans()):
+        body["top_p"] = draw(st.one_of(st.floats(0, 1, exclude_min=True), st.just(1)))
+    if draw(st.booleans()):
+        body["top_k"] = draw(st.integers(-1, 2000))
+    if draw(st.booleans()):
         body["user"] = "fuzz"  # accepted and ignored, as OpenAI's field is advisory
     return body
 
@@ -105,6 +110,11 @@ WRONG = {
                       st.just([1, 2])),
     "stream": st.one_of(st.integers(), st.text(max_size=3)),
     "n": st.integers(2, 5),
+    "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True),
+                       st.just(float("nan")), st.booleans(), st.text(max_size=3)),
+    "top_k": st.one_of(st.integers(max_value=-2), st.floats(), st.booleans()),
+    "logprobs": st.integers(0, 5),
+    "echo": st.just(True),
     "model": st.text(max_size=8).filter(lambda m: m != NAME),
 }
 
@@ -162,7 +172,8 @@ def ordinary(**changes):
 
 # Every field once, whatever hypothesis draws, with the issue's reproductions among them: a seed
 # beyond 64 bits beside an ordinary request, and a temperature of 1e-40.
-EVERY_FIELD = [(ordinary(max_tokens=-3), "max_tokens"), (ordinary(temperature=2.5), "temperature"),
+EVERY_FIELD = [(ordinary(top_p=0), "top_p"), (ordinary(logprobs=2), "logprobs"),
+               (ordinary(max_tokens=-3), "max_tokens"), (ordinary(temperature=2.5), "temperature"),
                (ordinary(seed=2**64, temperature=0.7), "seed"), (ordinary(prompt=[5, 99999]),
                                                                  "prompt"),
                (ordinary(stop=["a"] * 5), "stop"), (ordinary(stream="yes"), "stream"),
@@ -186,9 +197,11 @@ def test_random_requests_never_stop_the_server(server, batch):
         event("well-formed" if field is None else f"wrong {field or 'body'}")
         if field is None:  # well-formed: a completion equal to offline generation
             assert status == 200, (body, error)
-            temperature = body["temperature"]
+            temperature, hot = body["temperature"], body["temperature"] >= 1e-5
             want = offline_text(body["prompt"], body["max_tokens"], temperature,
-                                body.get("seed") if temperature >= 1e-5 else None)
+                                body.get("seed") if hot else None,
+                                max(body.get("top_k", 0), 0) if hot else 0,
+                                body.get("top_p", 1.0) if hot else 1.0)
             assert text == want, body
         elif field == "":  # not a JSON object
             assert status == 400 and error["param"] is None and error["message"]

@@ -168,7 +168,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         er = EngineRequest(tuple(ids), req.max_tokens,
                            eos_token_ids=() if req.ignore_eos else eos_ids,
                            temperature=req.temperature, seed=req.seed,
-                           cache_salt=tenants.cache_salt(tenant))
+                           cache_salt=tenants.cache_salt(tenant), top_k=req.top_k,
+                           top_p=req.top_p)
         try:  # the engine's own check, in this API's field names: refused here, alone
             engine.check(er, API_NAMES)
         except InvalidRequestError as e:

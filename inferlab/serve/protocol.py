@@ -4,17 +4,17 @@ The bodies follow OpenAI's legacy Completions API, the one vLLM and SGLang also 
 official ``openai`` client and any load generator written for those engines work unchanged:
 ``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1, at
 most 2; a temperature below 1e-5, ``inferlab.serving.sampling.GREEDY_BELOW``, decodes greedily,
-as 0 does), ``stop`` (a string or a list of up to four), ``stream`` (Server-Sent Events, one
-chunk per token, then ``data: [DONE]``), ``seed`` (a 64-bit signed integer: the same seed and
-prompt give the same tokens whatever else the server is running), ``stream_options``
-(``include_usage``: a last chunk with the token counts), ``user`` (accepted), and vLLM's
-``ignore_eos`` (generate exactly ``max_tokens``, as a load generator wants). ``null`` stands for
-a field's default. The fields it does not implement (``top_p``, ``logprobs``, ``echo``, the
-penalties, ``n`` > 1, ``best_of``, ``logit_bias``, ``suffix``, and vLLM's ``top_k``, ``min_p``,
-``min_tokens``) are refused with a 400 that names the field unless they ask for the default
-(``NOT_IMPLEMENTED``): a client is never silently given something other than what it asked for.
-Other unknown fields are ignored, as vLLM ignores them. Each response carries the time it was
-made (``created``).
+as 0 does), ``top_p`` and vLLM's ``top_k`` (sampling among the likeliest tokens only), ``stop``
+(a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per token, then
+``data: [DONE]``), ``seed`` (a 64-bit signed integer: the same seed and prompt give the same
+tokens whatever else the server is running), ``stream_options`` (``include_usage``: a last
+chunk with the token counts), ``user`` (accepted), and vLLM's ``ignore_eos`` (generate exactly
+``max_tokens``, as a load generator wants). ``null`` stands for a field's default. The fields
+it does not implement (``logprobs``, ``echo``, the penalties, ``n`` > 1, ``best_of``,
+``logit_bias``, ``suffix``, and vLLM's ``min_p`` and ``min_tokens``) are refused with a 400
+that names the field unless they ask for the default (``NOT_IMPLEMENTED``): a client is never
+silently given something other than what it asked for. Other unknown fields are ignored, as
+vLLM ignores them. Each response carries the time it was made (``created``).
 
 Errors carry OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
 status for a bad request and 429/503 for overload.
@@ -49,8 +49,6 @@ NOT_IMPLEMENTED = {
     "logit_bias": ((None, {}), "logits are not biased"),
     "logprobs": ((None,), "log probabilities are not returned"),
     "suffix": ((None, ""), "there is no insertion mode"),
-    "top_p": ((None, 1), "sampling draws from the whole distribution (no nucleus sampling)"),
-    "top_k": ((None, 0, -1), "sampling draws from the whole distribution (no top-k)"),
     "min_p": ((None, 0), "sampling draws from the whole distribution (no min-p)"),
     "min_tokens": ((None, 0), "generation may end at the first end-of-sequence token"),
 }
@@ -88,15 +86,20 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: int | None = None
     suffix: str | None = None
-    top_p: float | None = 1.0
-    top_k: int | None = -1
+    top_p: float | None = 1.0  # nucleus sampling: the smallest set of tokens with this mass
+    top_k: int | None = 0  # vLLM's extension: the k likeliest tokens (0 or -1: all)
     min_p: float | None = 0.0
     min_tokens: int | None = 0
 
-    @field_validator("max_tokens", "temperature", "stream", mode="after")
+    @field_validator("max_tokens", "temperature", "stream", "top_p", mode="after")
     @classmethod
     def _null_is_the_default(cls, value, info):
         return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("top_k", mode="after")
+    @classmethod
+    def _all_tokens(cls, top_k):
+        return 0 if top_k in (None, -1) else top_k  # the engine's "off"
 
     @field_validator("n", mode="after")
     @classmethod

@@ -56,6 +56,8 @@ class Request:
     ``inferlab.serving.sampling.GREEDY_BELOW`` (1e-5); from there up to ``MAX_TEMPERATURE`` (2)
     the runner samples from the softmax of logits / temperature, with a generator of the
     request's own seeded by ``seed`` (random if None), drawn once per token it emits.
+    ``top_k`` (0: off) keeps only the k likeliest tokens and ``top_p`` (1: off) the smallest set
+    of them whose probability reaches p (nucleus sampling) before the draw.
     ``cache_salt`` names the prefix-cache namespace the request may share blocks in (None: the
     shared one; a server sets it per tenant).
     """
@@ -68,6 +70,8 @@ class Request:
     temperature: float = 0.0
     seed: int | None = None
     cache_salt: str | None = None
+    top_k: int = 0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _token_ids(self.prompt))
@@ -111,7 +115,8 @@ def validate_request(request: Request, config, num_blocks: int | None = None,
     Every field is checked, type and range, before anything runs: the prompt and end tokens
     (token ids in the vocabulary), ``max_new_tokens`` (a positive integer that fits the
     context), ``temperature`` (a finite number in [0, ``MAX_TEMPERATURE``]), ``seed`` (None or
-    an integer in [``SEED_MIN``, ``SEED_MAX``]), ``arrival_s`` (a finite time >= 0) and
+    an integer in [``SEED_MIN``, ``SEED_MAX``]), ``top_k`` (an integer >= 0), ``top_p`` (in
+    (0, 1]), ``arrival_s`` (a finite time >= 0) and
     ``cache_salt`` (None or a string). ``names`` maps the engine's field names to the caller's
     (an HTTP server's ``{"max_new_tokens": "max_tokens"}``), used in the messages and in the
     error's ``field``.
@@ -151,6 +156,12 @@ def validate_request(request: Request, config, num_blocks: int | None = None,
     if seed is not None and (not _is_int(seed) or not SEED_MIN <= seed <= SEED_MAX):
         refuse("seed", f"{{seed}} must be an integer in [-2**63, 2**63 - 1] or null, got "
                f"{seed!r}")
+    if not _is_int(request.top_k) or request.top_k < 0:
+        refuse("top_k", f"{{top_k}} must be an integer >= 0 (0: every token), got "
+               f"{request.top_k!r}")
+    top_p = request.top_p
+    if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
+        refuse("top_p", f"{{top_p}} must be a number in (0, 1] (1: every token), got {top_p!r}")
     a = request.arrival_s
     if not _is_real(a) or not math.isfinite(a) or a < 0:
         refuse("arrival_s", f"{{arrival_s}} must be a finite time >= 0, got {a!r}")
@@ -189,6 +200,8 @@ class Sequence:
     temperature: float = 0.0  # 0: greedy
     generator: torch.Generator | None = None  # its own random stream when temperature > 0
     cache_salt: str | None = None  # its prefix-cache namespace (None: shared)
+    top_k: int = 0  # sample among the k likeliest tokens only (0: all)
+    top_p: float = 1.0  # ... and among the smallest set of them with probability >= top_p
 
     @classmethod
     def of(cls, seq_id: int, request: Request, arrival_s: float | None = None) -> "Sequence":
@@ -205,6 +218,7 @@ class Sequence:
                    request.arrival_s if arrival_s is None else arrival_s,
                    eos_token_ids=frozenset(request.eos_token_ids),
                    temperature=float(request.temperature), generator=generator,
+                   top_k=int(request.top_k), top_p=float(request.top_p),
                    cache_salt=request.cache_salt)
 
     @property
