@@ -118,11 +118,13 @@ def test_shutdown_drains_then_refuses():
 
 
 def test_a_crashed_loop_ends_every_stream_and_says_so():
+    """A failure inside a step ends only its requests (tests/test_engine_faults.py); one in the
+    loop's own bookkeeping, outside every step, stops the loop, and then no stream hangs."""
     eng = OnlineEngine(model(), CONFIG)
 
     def boom(*args):
         raise RuntimeError("the device fell over")
-    eng.server.runner.prefill = boom
+    eng.server.step = boom
     stream = eng.submit(requests(1)[0])
     assert stream.result() == [] and stream.finished.reason == "error"
     eng._thread.join(5)

@@ -236,7 +236,9 @@ class Int8KVCache(KVCache):
         return self.bytes_per_token * self.batch * self.max_len
 
     @staticmethod
-    def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes (..., D) int8 and scales (..., 1) float32 of vectors x (..., D), one scale each
+        (the paged int8 pool, ``inferlab.serving.paged_int8``, stores by the same rule)."""
         scale = x.float().abs().amax(-1, keepdim=True) / 127  # (B, K, T, 1)
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
@@ -245,7 +247,7 @@ class Int8KVCache(KVCache):
         """Quantize and store k, v (B, K, T, D); return every stored K, V dequantized."""
         start, end = self._validate(layer, positions, k, v)
         for codes, scales, new in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
-            q, s = self._quantize(new)
+            q, s = self.quantize(new)
             codes[layer, :, :, start:end] = q
             scales[layer, :, :, start:end] = s
         if layer == self.n_layers - 1:

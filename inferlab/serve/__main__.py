@@ -15,15 +15,22 @@ import argparse
 
 from inferlab.serve.tenants import Tenants
 from inferlab.serving.block_manager import blocks_for
-from inferlab.serving.config import ServingConfig
+from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 
 DEFAULT_MODEL = "course-target"
 
 
-def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch: int = 32,
+# Defaults shared by ``build`` and the command line, so that the two cannot drift.
+MAX_BATCH = 32
+MAX_WAITING = 64
+STATS_INTERVAL_S = 10.0
+
+
+def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch: int = MAX_BATCH,
           num_blocks: int | None = None, token_budget: int | None = None,
-          max_waiting: int = 64, tenants: Tenants | None = None, prefix_cache: bool = False,
-          device: str = "cpu"):
+          max_waiting: int = MAX_WAITING, tenants: Tenants | None = None,
+          prefix_cache: bool = False, device: str = "cpu",
+          stats_interval_s: float = STATS_INTERVAL_S):
     """Load ``model`` and its tokenizer and return the app (``create_app``) over an engine."""
     from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
     from inferlab.serve.app import create_app
@@ -33,35 +40,70 @@ def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch:
     net = load_checkpoint(path, device=device)
     tokenizer = load_tokenizer(path, net)
     if num_blocks is None:  # room for a full batch of full-context sequences
-        num_blocks = max_batch * blocks_for(net.config.max_seq_len, 16)
+        num_blocks = max_batch * blocks_for(net.config.max_seq_len, BLOCK_SIZE)
     config = ServingConfig(num_blocks=num_blocks, max_batch=max_batch, token_budget=token_budget,
                            policy="chunked" if token_budget else "continuous")
     engine = OnlineEngine(net, config, prefix_cache=prefix_cache)
-    return create_app(engine, tokenizer, served_name or str(model), max_waiting, tenants)
+    return create_app(engine, tokenizer, served_name or str(model), max_waiting, tenants,
+                      stats_interval_s=stats_interval_s)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each flag's default to its help, unless the help already says what it is."""
 
-    p = argparse.ArgumentParser(prog="python -m inferlab.serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory or name")
-    p.add_argument("--served-model-name", default=None, help="the name clients send as model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="cpu")
+    def _get_help_string(self, action):
+        return action.help if "default" in (action.help or "") else super()._get_help_string(action)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: every flag with its help and its default (``--help``)."""
+    p = argparse.ArgumentParser(prog="python -m inferlab.serve", description=__doc__.split("\n")[0],
+                                formatter_class=_Help)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="checkpoint directory, a course model's name, or a Hugging Face id")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients send as model (default: the --model argument)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--device", default="cpu", help="torch device to run the model on")
     p.add_argument("--threads", type=int, default=None,
                    help="torch's intra-op threads on the CPU (default: torch's choice); leave a "
                         "core for the HTTP server and the clients")
-    p.add_argument("--max-batch", type=int, default=32, help="sequences running at once")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks of 16 tokens")
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
+                   help="sequences running at once (vLLM's --max-num-seqs)")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help=f"KV blocks of {BLOCK_SIZE} tokens (default: a full batch of "
+                        "full-context sequences)")
     p.add_argument("--token-budget", type=int, default=None,
-                   help="chunked prefill: tokens per step (needed by --prefix-cache)")
-    p.add_argument("--max-waiting", type=int, default=64,
+                   help="chunked prefill: tokens per step (needed by --prefix-cache; default "
+                        "there: max(256, --max-batch))")
+    p.add_argument("--max-waiting", type=int, default=MAX_WAITING,
                    help="queued requests beyond which the server answers 429")
-    p.add_argument("--api-key", action="append", default=[], metavar="KEY=TENANT")
-    p.add_argument("--max-in-flight", type=int, default=None, help="requests per tenant")
-    p.add_argument("--prefix-cache", choices=["off", "shared", "salted"], default="off")
-    a = p.parse_args(argv)
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY=TENANT",
+                   help="accept this API key as this tenant (repeat for more; default: none, "
+                        "the server is open to all as one tenant)")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="requests one tenant may have in flight (default: no limit)")
+    p.add_argument("--prefix-cache", choices=["off", "shared", "salted"], default="off",
+                   help="reuse the KV blocks of a common prompt start: across tenants "
+                        "(shared) or within each tenant only (salted)")
+    p.add_argument("--stats-interval", type=float, default=STATS_INTERVAL_S,
+                   help="seconds between the log's serving-stats lines (0: none)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server's and uvicorn's log level (info shows the banner, the "
+                        "stats and the access log)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    import logging
+
+    import uvicorn
+
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s:     %(message)s")
     if a.threads is not None:
         import torch
 
@@ -70,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
                             salted=a.prefix_cache == "salted")
     budget = a.token_budget or (max(256, a.max_batch) if a.prefix_cache != "off" else None)
     app = build(a.model, a.served_model_name, a.max_batch, a.num_blocks, budget,
-                a.max_waiting, tenants, a.prefix_cache != "off", a.device)
-    uvicorn.run(app, host=a.host, port=a.port, timeout_graceful_shutdown=30)
+                a.max_waiting, tenants, a.prefix_cache != "off", a.device, a.stats_interval)
+    uvicorn.run(app, host=a.host, port=a.port, timeout_graceful_shutdown=30,
+                log_level=a.log_level)
 
 
 if __name__ == "__main__":

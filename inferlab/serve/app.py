@@ -13,7 +13,14 @@
 - Overload: with ``max_waiting`` requests already queued the server answers 429 with
   ``Retry-After`` rather than queueing without bound; while it drains or if the engine loop
   died, 503.
-- ``GET /v1/models``, ``GET /health`` (200, or 503 while draining), ``GET /metrics``
+- A request the engine cannot serve is refused with a 400 whose ``param`` names the field, by
+  the engine's own check (``OnlineEngine.check``), before it is queued. An error inside the
+  engine ends only the requests it hit: a 500 (streaming: an error object, then ``[DONE]``, as
+  vLLM does), while the engine serves the rest.
+- It logs a banner when it starts and serving stats every ``stats_interval_s`` seconds
+  (``inferlab.serve.logs``).
+- ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
+  stopped), ``GET /metrics``
   (Prometheus text, ``inferlab.serve.metrics``).
 - Shutdown (uvicorn's, on SIGTERM or ``should_exit``) stops accepting, lets the open requests
   finish, then the lifespan hook drains and stops the engine.
@@ -34,9 +41,10 @@ from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
-from inferlab.serve.protocol import (CompletionRequest, completion, completion_id, error_body,
-                                     model_list, single_prompt, usage)
+from inferlab.serve.protocol import (API_NAMES, CompletionRequest, completion, completion_id,
+                                     error_body, model_list, single_prompt, usage, usage_chunk)
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import InvalidRequestError
@@ -101,17 +109,25 @@ class Detokenizer:
 
 
 def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
-               tenants: Tenants | None = None, drain_timeout_s: float = 30.0) -> FastAPI:
-    """An app serving ``engine`` (an ``OnlineEngine``) as ``model_name``."""
+               tenants: Tenants | None = None, drain_timeout_s: float = 30.0,
+               stats_interval_s: float = 10.0) -> FastAPI:
+    """An app serving ``engine`` (an ``OnlineEngine``) as ``model_name``; it logs a banner at
+    startup and serving stats every ``stats_interval_s`` seconds (0: never)."""
     tenants = tenants or Tenants()
     metrics = ServerMetrics(engine)
-    created = int(time.time())
+    started = int(time.time())  # the model's "created" in /v1/models
     eos = tokenizer.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
 
     @asynccontextmanager
     async def lifespan(app):
+        log.info(banner(engine, model_name))
+        stats = None
+        if stats_interval_s > 0:
+            stats = asyncio.create_task(StatsLogger(engine, metrics, stats_interval_s).run())
         yield
+        if stats is not None:
+            stats.cancel()
         app.state.draining = True
         await asyncio.to_thread(engine.shutdown, True, drain_timeout_s)
 
@@ -139,8 +155,9 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             return CompletionRequest.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise APIError(400, f"{param}: {err['msg']}", param=param) from None
+            param = str(err["loc"][0]) if err["loc"] else None  # the body's field at fault
+            why = err.get("ctx", {}).get("error") or err["msg"]  # our own message, if ours
+            raise APIError(400, f"{param}: {why}", param=param) from None
 
     def engine_request(req: CompletionRequest, tenant: str) -> EngineRequest:
         try:
@@ -148,10 +165,16 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from None
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return EngineRequest(tuple(ids), req.max_tokens,
-                             eos_token_ids=() if req.ignore_eos else eos_ids,
-                             temperature=req.temperature, seed=req.seed,
-                             cache_salt=tenants.cache_salt(tenant))
+        er = EngineRequest(tuple(ids), req.max_tokens,
+                           eos_token_ids=() if req.ignore_eos else eos_ids,
+                           temperature=req.temperature, seed=req.seed,
+                           cache_salt=tenants.cache_salt(tenant), top_k=req.top_k,
+                           top_p=req.top_p)
+        try:  # the engine's own check, in this API's field names: refused here, alone
+            engine.check(er, API_NAMES)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), param=e.field) from None
+        return er
 
     def finish(cid, tenant, stream, detok, reason_if_aborted, first_chunk_s=None):
         """The finish reason, and the record of the engine's timing (with, for a stream, when
@@ -167,6 +190,12 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                                       "first_chunk_s": first_chunk_s})
         return reason
 
+    def engine_failed(stream) -> APIError:
+        """The 500 of a request that an error inside the engine ended (the engine serves on)."""
+        why = stream.finished.error if stream.finished else None
+        return APIError(500, why or "the engine failed while serving this request",
+                        "server_error")
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         received = engine.clock.now()  # the request's arrival, for the engine's timing of it
@@ -178,13 +207,13 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             tenant = tenants.tenant_of(request.headers.get("authorization"))
         except UnknownKeyError as e:
             raise APIError(401, str(e), code="invalid_api_key") from None
+        er = engine_request(req, tenant)  # a bad request is a 400 whatever the load
         if app.state.draining or not engine.alive:
             raise APIError(503, "the server is shutting down", "server_error", retry=True)
         if engine.num_waiting >= max_waiting:
             metrics.rejected(tenant)
             raise APIError(429, f"{engine.num_waiting} requests are queued already; retry "
                            "later", "rate_limit_error", retry=True)
-        er = engine_request(req, tenant)
         try:
             tenants.acquire(tenant)
         except TenantLimitError as e:
@@ -194,12 +223,13 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             stream = engine.submit(er, loop=asyncio.get_running_loop(), arrival_s=received)
         except InvalidRequestError as e:
             tenants.release(tenant)
-            raise APIError(400, str(e), param="prompt") from None
+            raise APIError(400, str(e), param=e.field) from None
         except EngineClosedError as e:
             tenants.release(tenant)
             raise APIError(503, str(e), "server_error", retry=True) from None
         cid, detok = completion_id(), Detokenizer(tokenizer, req.stops)
-        n_prompt = len(er.prompt)
+        created, n_prompt = int(time.time()), len(er.prompt)  # this response's creation time
+        with_usage = req.include_usage  # stream_options: usage on its own last chunk
 
         if req.stream:
             async def events():
@@ -211,20 +241,28 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                             break
                         # a chunk per token, even when its text is held back (""), so that a
                         # client's chunk times are token times
-                        chunk = json.dumps(completion(cid, model_name, delta, None, None, created))
+                        chunk = json.dumps(completion(cid, model_name, delta, None, None,
+                                                      created, with_usage))
                         if first_chunk_s is None:
                             first_chunk_s = engine.clock.now()
                         yield chunk
                     delta = detok.flush()
                     reason = finish(cid, tenant, stream, detok, "stop", first_chunk_s)
-                    yield json.dumps(completion(cid, model_name, delta, reason,
-                                                usage(n_prompt, len(stream.tokens)), created))
+                    if reason == "error":  # as vLLM does: an error object, then [DONE]
+                        yield json.dumps(engine_failed(stream).body)
+                    else:
+                        yield json.dumps(completion(cid, model_name, delta, reason, None,
+                                                    created, with_usage))
+                        if with_usage:
+                            yield json.dumps(usage_chunk(cid, model_name, usage(
+                                n_prompt, len(stream.tokens)), created))
                     yield "[DONE]"
                 finally:
                     if stream.finished is None:  # a stop string, or the client went away
                         engine.abort(stream)
                         if reason == "abort":
                             metrics.finished(tenant, "abort", None)
+                    metrics.tokens(n_prompt, len(stream.tokens))
                     tenants.release(tenant)
             return EventSourceResponse(events(), sep="\n")
 
@@ -240,15 +278,16 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         finally:
             if stream.finished is None and not detok.stopped:
                 engine.abort(stream)
+            metrics.tokens(n_prompt, len(stream.tokens))
             tenants.release(tenant)
         if reason == "error":
-            raise APIError(500, "the engine failed while serving this request", "server_error")
+            raise engine_failed(stream)
         return completion(cid, model_name, "".join(text), reason,
                           usage(n_prompt, len(stream.tokens)), created)
 
     @app.get("/v1/models")
     async def models():
-        return model_list([model_name], created)
+        return model_list([model_name], started)
 
     @app.get("/health")
     async def health():

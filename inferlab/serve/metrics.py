@@ -5,7 +5,8 @@ the tests, do not collide). Gauges are read from the engine when Prometheus scra
 requests running and waiting, KV blocks in use out of the pool. Histograms take every finished
 request's TTFT, time per output token and end-to-end latency, as the engine stamped them; a
 counter counts requests by tenant and how they ended (``stop``, ``length``, ``abort``,
-``rejected``). Queue depth and KV utilisation are the signals to alert and autoscale on;
+``error``, ``rejected``), and two more the prompt tokens taken and the tokens generated (the
+throughput an operator graphs as a rate). Queue depth and KV utilisation are the signals to alert and autoscale on;
 Chapter 9 explains why GPU utilisation is not.
 """
 
@@ -39,6 +40,18 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("inferlab_requests", "Requests by tenant and how they ended",
                                 ["tenant", "finish_reason"], registry=r)
+        self.prompt_tokens = Counter("inferlab_prompt_tokens",
+                                     "Prompt tokens of the requests the engine took", registry=r)
+        self.generation_tokens = Counter("inferlab_generation_tokens",
+                                         "Tokens the engine generated", registry=r)
+        self.num_prompt_tokens = self.num_generation_tokens = 0  # the same, for the stats log
+
+    def tokens(self, prompt: int, generated: int) -> None:
+        """Count a request's prompt tokens and the tokens generated for it, when it ends."""
+        self.prompt_tokens.inc(prompt)
+        self.generation_tokens.inc(generated)
+        self.num_prompt_tokens += prompt
+        self.num_generation_tokens += generated
 
     def finished(self, tenant: str, reason: str, timing) -> None:
         """Record a request that ended (``timing``: the engine's ``RequestTiming`` or None)."""

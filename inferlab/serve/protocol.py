@@ -2,11 +2,19 @@
 
 The bodies follow OpenAI's legacy Completions API, the one vLLM and SGLang also serve, so the
 official ``openai`` client and any load generator written for those engines work unchanged:
-``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1),
-``stop`` (a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per
-token, then ``data: [DONE]``), ``seed``, and vLLM's ``ignore_eos`` (generate exactly
-``max_tokens``, as a load generator wants). Fields the engine does not implement are accepted and
-ignored when they ask for the default (``n=1``), refused otherwise.
+``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1, at
+most 2; a temperature below 1e-5, ``inferlab.serving.sampling.GREEDY_BELOW``, decodes greedily,
+as 0 does), ``top_p`` and vLLM's ``top_k`` (sampling among the likeliest tokens only), ``stop``
+(a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per token, then
+``data: [DONE]``), ``seed`` (a 64-bit signed integer: the same seed and prompt give the same
+tokens whatever else the server is running), ``stream_options`` (``include_usage``: a last
+chunk with the token counts), ``user`` (accepted), and vLLM's ``ignore_eos`` (generate exactly
+``max_tokens``, as a load generator wants). ``null`` stands for a field's default. The fields
+it does not implement (``logprobs``, ``echo``, the penalties, ``n`` > 1, ``best_of``,
+``logit_bias``, ``suffix``, and vLLM's ``min_p`` and ``min_tokens``) are refused with a 400
+that names the field unless they ask for the default (``NOT_IMPLEMENTED``): a client is never
+silently given something other than what it asked for. Other unknown fields are ignored, as
+vLLM ignores them. Each response carries the time it was made (``created``).
 
 Errors carry OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
 status for a bad request and 429/503 for overload.
@@ -17,24 +25,98 @@ from __future__ import annotations
 import time
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: with ``include_usage``, one more chunk before ``[DONE]`` carries the
+    request's token counts (``choices`` empty), and every other chunk has ``"usage": null``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool | None = False
+
+
+# OpenAI fields (and vLLM's common sampling extensions) that this server does not implement:
+# accepted at the value that means "off", which is what a client that spells out every field
+# sends, and refused with a 400 that names the field at any other value, rather than ignored.
+NOT_IMPLEMENTED = {
+    "best_of": ((None, 1), "one completion is generated per request"),
+    "echo": ((None, False), "the prompt is not echoed back"),
+    "frequency_penalty": ((None, 0), "no repetition penalties are applied"),
+    "presence_penalty": ((None, 0), "no repetition penalties are applied"),
+    "repetition_penalty": ((None, 1), "no repetition penalties are applied"),
+    "logit_bias": ((None, {}), "logits are not biased"),
+    "logprobs": ((None,), "log probabilities are not returned"),
+    "suffix": ((None, ""), "there is no insertion mode"),
+    "min_p": ((None, 0), "sampling draws from the whole distribution (no min-p)"),
+    "min_tokens": ((None, 0), "generation may end at the first end-of-sequence token"),
+}
 
 
 class CompletionRequest(BaseModel):
-    """The body of POST /v1/completions. Unknown fields are allowed (clients send extras)."""
+    """The body of POST /v1/completions. Unknown fields are allowed (clients send extras) and
+    ignored, as vLLM does, except the ones in ``NOT_IMPLEMENTED``.
 
-    model_config = ConfigDict(extra="allow")
+    Strict, as JSON's types are: ``true`` is not a number, ``"5"`` not an integer (an integer
+    is a number, though). ``null`` means the default, as in OpenAI's API.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    # Types are checked here; ranges by the engine's own check (``validate_request``, with
+    # ``API_NAMES``), the one every front door runs: max_tokens >= 1 and within the context,
+    # temperature in [0, 2] (below 1e-5: greedy), seed a 64-bit signed integer.
+    max_tokens: int | None = 16
+    temperature: float | None = 1.0
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     seed: int | None = None
-    n: int = Field(1, ge=1, le=1)  # one completion per request
-    user: str | None = None
+    n: int | None = 1  # one completion per request
+    user: str | None = None  # accepted: it only names the end user
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens (load generators use it)
+    best_of: int | None = None
+    echo: bool | None = False
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    repetition_penalty: float | None = 1.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+    top_p: float | None = 1.0  # nucleus sampling: the smallest set of tokens with this mass
+    top_k: int | None = 0  # vLLM's extension: the k likeliest tokens (0 or -1: all)
+    min_p: float | None = 0.0
+    min_tokens: int | None = 0
+
+    @field_validator("max_tokens", "temperature", "stream", "top_p", mode="after")
+    @classmethod
+    def _null_is_the_default(cls, value, info):
+        return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("top_k", mode="after")
+    @classmethod
+    def _all_tokens(cls, top_k):
+        return 0 if top_k in (None, -1) else top_k  # the engine's "off"
+
+    @field_validator("n", mode="after")
+    @classmethod
+    def _one_completion(cls, n):
+        if n not in (None, 1):
+            raise ValueError(f"n={n}: this server returns one completion per request; send "
+                             f"{n} requests (with different seeds) instead")
+        return 1
+
+    @field_validator(*NOT_IMPLEMENTED, mode="after")
+    @classmethod
+    def _refuse_what_is_not_implemented(cls, value, info):
+        off, why = NOT_IMPLEMENTED[info.field_name]
+        if value not in off:
+            raise ValueError(f"{info.field_name}={value!r} is not supported by this server: "
+                             f"{why}; leave it out")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -46,6 +128,14 @@ class CompletionRequest(BaseModel):
     @property
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+# The engine's field names, as this API spells them (for the engine check's messages).
+API_NAMES = {"max_new_tokens": "max_tokens"}
 
 
 def single_prompt(prompt) -> str | list[int]:
@@ -69,15 +159,24 @@ def completion_id() -> str:
 
 
 def completion(cid: str, model: str, text: str, finish_reason: str | None,
-               usage: dict | None = None, created: int | None = None) -> dict:
-    """A completion object (``stream`` false), or one streamed chunk of one (no usage)."""
+               usage: dict | None = None, created: int | None = None,
+               usage_field: bool = False) -> dict:
+    """A completion object (``stream`` false), or one streamed chunk of one. ``usage`` is
+    included when given, or as null with ``usage_field`` (the chunks of a stream whose usage
+    comes on a chunk of its own, ``usage_chunk``)."""
     body = {"id": cid, "object": "text_completion", "created": created or int(time.time()),
             "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None,
                          "finish_reason": finish_reason}]}
-    if usage is not None:
+    if usage is not None or usage_field:
         body["usage"] = usage
     return body
+
+
+def usage_chunk(cid: str, model: str, usage: dict, created: int) -> dict:
+    """A stream's last chunk under ``stream_options.include_usage``: no choices, the usage."""
+    return {"id": cid, "object": "text_completion", "created": created, "model": model,
+            "choices": [], "usage": usage}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

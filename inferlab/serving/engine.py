@@ -11,8 +11,11 @@ Underneath, three parts with one job each, all reading one ``ServingConfig``:
   ``Run`` of the same shape.
 
 Invalid requests (an empty prompt, token ids that are not integers in the vocabulary, a prompt
-longer than the model's context, max_new_tokens that is not a positive integer, ...) are
-refused one by one with a clear error in their ``Result``; the others still complete. When the
+longer than the model's context, max_new_tokens that is not a positive integer, a temperature
+outside [0, 2], a seed outside 64-bit integers, ...: ``validate_request``, the check the online
+engine and the HTTP server run too) are refused one by one before anything runs: each gets a
+``Result`` with no tokens, no timing and ``error`` saying why ("request 3 refused: ..."), and
+the others still complete. When the
 config leaves ``num_blocks`` unset, ``serve`` sizes the pool from the requests it accepts:
 room for ``max_batch`` copies of the longest, and never more than the device's free memory
 allows.
@@ -26,6 +29,7 @@ from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Run, WallClock, run_loop
+from inferlab.serving import paged_cache
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
 from inferlab.serving.runner import ModelRunner
@@ -48,11 +52,13 @@ def refusals(requests: list[Request], model_config, num_blocks: int | None = Non
     return refused
 
 
-def block_bytes(model, block_size: int) -> int:
-    """Bytes one KV block takes: K and V, every layer, ``block_size`` tokens."""
-    c = model.config
-    return 2 * c.n_layers * block_size * c.n_kv_heads * c.head_dim * \
-        model.lm_head.weight.element_size()
+def block_bytes(model, block_size: int, config: ServingConfig | None = None) -> int:
+    """Bytes one KV block of ``model``'s paged cache takes: K and V, every layer,
+    ``block_size`` tokens, in the dtype the cache stores (``config.kv_cache_dtype``, else the
+    model's compute dtype; never a weight's: an int8-quantized model still computes, and caches
+    K/V, in floats)."""
+    return paged_cache.block_bytes(model.config, block_size,
+                                   paged_cache.cache_dtype(model, config))
 
 
 def pool_blocks(model, requests: list[Request], config: ServingConfig,
@@ -65,7 +71,7 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
                    for i, r in enumerate(requests) if i not in refused), default=1)
     wanted = config.max_batch * blocks_for(longest, config.block_size)
     affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
-        block_bytes(model, config.block_size)
+        block_bytes(model, config.block_size, config)
     return max(1, min(wanted, affordable))
 
 
@@ -101,7 +107,8 @@ class Engine:
 
 
 def serve(model, requests: Iterable[Request], config: ServingConfig | None = None) -> Run:
-    """Generate greedily for every request as they arrive; return their tokens and timings.
+    """Generate for every request as they arrive (greedily, or at each request's temperature
+    with its seed); return their tokens and timings, and the refusals (``Result.error``).
 
     ``config`` defaults to ``ServingConfig()`` (continuous batching, 32 sequences at once,
     blocks of 16 tokens). Without ``num_blocks`` the pool is sized by ``pool_blocks``; pass

@@ -35,7 +35,7 @@ from typing import Callable
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
-from inferlab.serving.request import Request, Sequence
+from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, Step
 
 
@@ -145,15 +145,28 @@ class Server:
     ``on_prefill(seq, token)``, when set, hears of a prefill's token as soon as its own forward
     pass ends, before the step's decode batch runs: an online engine streams it at once, so the
     first token leaves when its stamp says (the scheduler records it at the step's end).
+
+    ``isolate=True`` (what a server wants) contains an exception raised while letting a
+    sequence in, scheduling, running the model or recording the tokens: the sequences it is
+    blamed on are taken out (``Scheduler.abort`` frees their blocks), listed in ``failures``
+    with the error, and the step goes on for the others. A failure is blamed on one sequence
+    where it can be (its arrival; its own prefill's forward pass), else on every sequence the
+    stage touched (a decode batch or a chunked step: its rows; scheduling: every running
+    sequence and the first waiting one, since a policy may have half-changed any of them). By
+    default (offline runs, the labs) the exception propagates: a bug should stop the
+    experiment.
     """
 
     def __init__(self, scheduler: Scheduler, runner, clock,
                  on_iteration: Callable[[Iteration], None] | None = None,
-                 on_prefill: Callable[[Sequence, int], None] | None = None):
+                 on_prefill: Callable[[Sequence, int], None] | None = None,
+                 isolate: bool = False):
         self.scheduler, self.runner, self.clock = scheduler, runner, clock
         self.on_iteration, self.on_prefill = on_iteration, on_prefill
+        self.isolate = isolate
         self.chunked = scheduler.token_budget is not None
         self.stamps: dict[int, list[float]] = {}
+        self.failures: list[tuple[Sequence, str]] = []  # (sequence, why), for the caller to take
         self._pending: list[tuple[float, int, Sequence]] = []  # a heap: (time, id, sequence)
 
     def submit(self, seq: Sequence, at_s: float | None = None) -> None:
@@ -189,12 +202,43 @@ class Server:
             return self.clock.now()
         return self._pending[0][0] if self._pending else math.inf
 
+    def fail(self, seqs: list[Sequence], stage: str, error: BaseException) -> None:
+        """Take ``seqs`` out wherever they are, freeing their blocks, and record why in
+        ``failures``; a sequence already finished or taken out is left alone."""
+        why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
+        for seq in dict.fromkeys(seqs):  # once each, in order
+            if seq.status is Status.FINISHED:
+                continue
+            try:
+                self.scheduler.abort(seq)
+            except Exception:  # a half-changed sequence: take it out by hand
+                _remove(self.scheduler.waiting, seq)
+                if _remove(self.scheduler.running, seq) and seq.held:
+                    self.scheduler._num_held -= 1
+                if seq.table is not None:
+                    seq.table.free()
+                seq.table, seq.held, seq.status = None, False, Status.FINISHED
+            self.failures.append((seq, why))
+
     def step(self) -> list[Sequence]:
         """Let in the arrivals, run one scheduled step; return the sequences that finished."""
         now = self.clock.now()
         while self._pending and self._pending[0][0] <= now:
-            self.scheduler.add(heapq.heappop(self._pending)[2])
-        step: Step = self.scheduler.schedule(now)
+            seq = heapq.heappop(self._pending)[2]
+            try:
+                self.scheduler.add(seq)
+            except Exception as error:
+                if not self.isolate:
+                    raise
+                self.fail([seq], "admitting it", error)
+        try:
+            step: Step = self.scheduler.schedule(now)
+        except Exception as error:
+            if not self.isolate:
+                raise
+            self.fail([*self.scheduler.running, *self.scheduler.waiting[:1]], "scheduling",
+                      error)
+            return []
         if step.is_empty:
             if self.done:
                 return []  # the policy retired the last sequences
@@ -207,14 +251,35 @@ class Server:
             self.clock.skip_to(min(wake))
             return []
         tokens = self._run_chunked(step, now) if self.chunked else self._run(step, now)
-        return self.scheduler.update(step, tokens)
+        try:
+            return self.scheduler.update(step, tokens)
+        except Exception as error:
+            if not self.isolate:
+                raise
+            self.fail(step.scheduled, "recording the step's tokens", error)
+            return []
+
+    def _drop(self, step: Step, seqs: list[Sequence], stage: str, error: BaseException) -> None:
+        """Isolation: ``seqs`` failed in ``stage``; take them out of the step and the engine."""
+        if not self.isolate:
+            raise error
+        gone = set(map(id, seqs))
+        step.prefills[:] = [s for s in step.prefills if id(s) not in gone]
+        step.decodes[:] = [s for s in step.decodes if id(s) not in gone]
+        for seq in seqs:
+            step.chunks.pop(seq, None)
+        self.fail(seqs, stage, error)
 
     def _run(self, step: Step, now: float) -> list[int]:
         """Chapter 4's step: each prefill a forward pass of its own, then the decode batch."""
         tokens, prefills = [], []
-        for seq in step.prefills:
+        for seq in list(step.prefills):
             t0 = self.clock.now()
-            tokens.append(self.runner.prefill(seq))
+            try:
+                tokens.append(self.runner.prefill(seq))
+            except Exception as error:
+                self._drop(step, [seq], "running its prefill", error)
+                continue
             t1 = self.clock.now()
             self.stamps[seq.seq_id].append(t1)
             prefills.append((seq.seq_id, seq.num_tokens, t1 - t0))
@@ -225,7 +290,10 @@ class Server:
         decode_s, context = 0.0, sum(s.table.num_tokens for s in rows)
         if step.decodes:
             t0 = self.clock.now()
-            tokens.extend(self.runner.decode(rows)[:len(step.decodes)])  # padding dropped
+            try:
+                tokens.extend(self.runner.decode(rows)[:len(step.decodes)])  # padding dropped
+            except Exception as error:  # one forward for the batch: every row is blamed
+                self._drop(step, list(step.decodes), "running a decode batch", error)
             t1 = self.clock.now()
             decode_s = t1 - t0
             for seq in step.decodes:
@@ -245,7 +313,11 @@ class Server:
         context = sum(s.table.num_tokens for s in step.decodes)
         cached = [s.num_computed for s, _ in chunks]
         t0 = self.clock.now()
-        out = self.runner.forward(step.decodes, chunks)
+        try:
+            out = self.runner.forward(step.decodes, chunks)
+        except Exception as error:  # one forward for the step: every row is blamed
+            self._drop(step, step.scheduled, "running a chunked step", error)
+            out = []
         t1 = self.clock.now()
         for seq in step.scheduled:
             if step.samples(seq):
@@ -257,6 +329,15 @@ class Server:
                 tuple((s.seq_id, n, c) for (s, n), c in zip(chunks, cached))))
         d = len(step.decodes)
         return [*out[d:], *out[:d]]  # the order of step.scheduled: prefills, then decodes
+
+
+def _remove(queue: list[Sequence], seq: Sequence) -> bool:
+    """Remove ``seq`` (by identity) from ``queue``; whether it was there."""
+    for i, other in enumerate(queue):
+        if other is seq:
+            del queue[i]
+            return True
+    return False
 
 
 def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,

@@ -20,6 +20,11 @@ paged cache are exactly the offline engine's:
   the next step boundary through ``Server.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
 - ``prefix_cache=True`` admits through ``PrefixCachingBlockManager``: a prompt that starts with
   blocks cached earlier (under the same ``cache_salt``) skips their prefill.
+- Nothing a request carries can stop the loop: ``submit`` refuses a request the engine cannot
+  serve (``validate_request``, ``InvalidRequestError``) before it reaches the loop's thread,
+  and an exception while admitting, scheduling or running one ends that request (or, where it
+  cannot be pinned on one, the step's requests) with a ``Finished("error", ...)`` that says
+  what failed; their blocks are freed and the loop serves the rest (``Server(isolate=True)``).
 - ``shutdown(drain=True)`` refuses new requests, lets those in flight finish, and stops the
   thread.
 
@@ -55,9 +60,10 @@ class EngineClosedError(RuntimeError):
 class Finished:
     """The last event of a stream: why it ended and the engine's own timing of it."""
 
-    reason: str                  # "stop", "length" or "abort"
-    timing: RequestTiming | None  # None when aborted before its first token
+    reason: str                  # "stop", "length", "abort" or "error"
+    timing: RequestTiming | None  # None when it ended before its first token
     num_preemptions: int = 0
+    error: str | None = None     # what went wrong, when the reason is "error"
 
 
 class Stream:
@@ -132,8 +138,9 @@ class OnlineEngine:
         self.scheduler = Scheduler(config, self.cache.memory)
         self.clock = WallClock()
         self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock,
-                             on_prefill=self._first_token)
+                             on_prefill=self._first_token, isolate=True)
         self.num_steps = 0
+        self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
         self._ids = itertools.count()
         self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
         self._aborts: list[Stream] = []
@@ -145,6 +152,14 @@ class OnlineEngine:
         self._thread.start()
 
     # -- what clients call, from any thread ------------------------------------------------
+    def check(self, request: Request, names: dict[str, str] | None = None) -> None:
+        """Raise ``InvalidRequestError`` unless this engine can serve ``request``: the check
+        ``submit`` runs (``validate_request`` against this model and pool). An HTTP server calls
+        it first with its API's field ``names``, so that its 400 names the field as the client
+        sent it."""
+        validate_request(request, self.model.config, self.config.num_blocks,
+                         self.config.block_size, names)
+
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None,
                arrival_s: float | None = None) -> Stream:
         """Queue ``request`` (validated here: ``InvalidRequestError`` if it can never run).
@@ -155,8 +170,7 @@ class OnlineEngine:
         """
         if not request.eos_token_ids and self.eos_token_ids:
             request = replace(request, eos_token_ids=self.eos_token_ids)
-        validate_request(request, self.model.config, self.config.num_blocks,
-                         self.config.block_size)
+        self.check(request)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")
@@ -221,6 +235,12 @@ class OnlineEngine:
 
     # -- the loop, on its own thread -------------------------------------------------------
     def _run(self) -> None:
+        """Step until stopped. A failure inside a step ends the requests it is blamed on and the
+        loop goes on (``Server(isolate=True)``); so does a failure to admit one request. Only an
+        error in the loop's own bookkeeping stops it: then every stream it holds, and those
+        still in the inbox, end with an error (none hangs), and ``alive`` turns False, so that a
+        server's /health answers 503 and it gets restarted."""
+        inbox: list[Stream] = []
         try:
             while True:
                 with self._lock:
@@ -230,27 +250,34 @@ class OnlineEngine:
                         return
                     inbox, self._inbox = self._inbox, []
                     aborts, self._aborts = self._aborts, []
-                for stream in inbox:
-                    self._admit(stream)
+                while inbox:
+                    self._admit(inbox.pop(0))
                 for stream in aborts:
                     self._abort(stream)
                 if not self.server.done:
                     self.server.step()
                     self.num_steps += 1
-                    self._deliver()
-        except Exception as error:  # a crashed loop ends every stream instead of hanging them;
-            # ``alive`` turns False, so a server's /health answers 503 and it gets restarted
+                self._deliver()
+        except Exception as error:
             self.error = error
+            why = f"the engine loop stopped: {type(error).__name__}: {error}"
             with self._lock:
                 self._closed = True
-                for _, stream in list(self._live.values()):
-                    stream._push(Finished("error", None))
-                for stream in self._inbox:
-                    stream._push(Finished("error", None))
+                for stream in [*(s for _, s in self._live.values()), *inbox, *self._inbox]:
+                    if stream.finished is None:
+                        stream._push(Finished("error", None, error=why))
+                self._live.clear()
 
     def _admit(self, stream: Stream) -> None:
-        seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
-        self.server.submit(seq, self.clock.now())
+        """Hand ``stream``'s request to the server; if that fails, end it alone with an error."""
+        try:
+            seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
+            self.server.submit(seq, self.clock.now())
+        except Exception as error:
+            self.num_failed += 1
+            stream._push(Finished("error", None, error=f"the engine failed while admitting "
+                                  f"it: {type(error).__name__}: {error}"))
+            return
         self._live[seq.seq_id] = (seq, stream)
 
     def _abort(self, stream: Stream) -> None:
@@ -275,7 +302,20 @@ class OnlineEngine:
             entry[1].num_sent += 1
 
     def _deliver(self) -> None:
-        """Push every live sequence's new tokens; end the streams of finished ones."""
+        """Push every live sequence's new tokens; end the streams of finished ones, and of those
+        the server took out after a failure (with the error)."""
+        failures, self.server.failures = self.server.failures, []
+        for seq, why in failures:
+            entry = self._live.pop(seq.seq_id, None)
+            if entry is None:
+                continue
+            stream = entry[1]
+            for token in seq.output[stream.num_sent:]:  # what it produced before the failure
+                stream._push(token)
+            stream.num_sent = len(seq.output)
+            self.num_failed += 1
+            stream._push(Finished("error", self._timing(seq), seq.num_preemptions, error=why))
+            self.server.stamps.pop(seq.seq_id, None)
         for seq_id, (seq, stream) in list(self._live.items()):
             for token in seq.output[stream.num_sent:]:
                 stream._push(token)

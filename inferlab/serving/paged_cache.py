@@ -112,6 +112,24 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], block_size: int, 
     return ids.view(B, T), pos.view(B, T), meta
 
 
+def cache_dtype(model, config=None) -> torch.dtype:
+    """The dtype ``PagedKVCache.for_model`` stores K and V in: int8 when ``config`` (a
+    ``ServingConfig``) asks for ``kv_cache_dtype="int8"``, else the model's compute dtype (its
+    embedding table's), also when its linear layers hold int8 weights."""
+    if config is not None and config.kv_cache_dtype == "int8":
+        return torch.int8
+    return model.dtype
+
+
+def block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of the pool takes: K and V, every layer and KV head, ``block_size``
+    tokens of ``head_dim`` numbers in ``dtype`` (int8: plus a float32 scale per token and head,
+    ``inferlab.serving.paged_int8``): what the cache stores, whatever the weights' format."""
+    c = model_config
+    per_vector = c.head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)
+    return 2 * c.n_layers * block_size * c.n_kv_heads * per_vector
+
+
 class PagedKVCache:
     """The paged K/V pool of every layer: keys (L, blocks, K, D, block_size), values
     (L, blocks, K, block_size, D); ``n_heads`` query heads share the ``n_kv_heads``."""
@@ -145,12 +163,17 @@ class PagedKVCache:
     def for_model(cls, model, config, use_triton: bool | None = None,
                   memory_class=BlockManager) -> "PagedKVCache":
         """A pool shaped for ``model`` (an ``inferlab.model.llama.Llama``) with the blocks of
-        ``config`` (a ``ServingConfig``), in the model's dtype and on its device, managed by a
-        ``memory_class`` (a ``BlockManager``, or the prefix-caching one)."""
+        ``config`` (a ``ServingConfig``), in the model's dtype (or int8 codes, with
+        ``config.kv_cache_dtype="int8"``: an ``Int8PagedKVCache``) and on its device, managed by
+        a ``memory_class`` (a ``BlockManager``, or the prefix-caching one)."""
         if config.num_blocks is None:
             raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
         memory = memory_class(config.num_blocks, config.block_size, config.watermark)
+        if cache_dtype(model, config) == torch.int8:
+            from inferlab.serving.paged_int8 import Int8PagedKVCache
+            return Int8PagedKVCache(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype,
+                                    model.device, n_heads=c.n_heads)
         return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
                    use_triton, c.n_heads)
 
@@ -218,6 +241,11 @@ class PagedKVCache:
                              "bound tables: append to each table first, then run its newest "
                              "tokens")
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype attention reads K and V in (the pool's, here)."""
+        return self.k.dtype
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """Write k, v (B, K, T, D) into the pool; attend q (B, H, T, D) causally over each row."""
@@ -229,21 +257,18 @@ class PagedKVCache:
             self.metadata, self._lazy = None, False
         B, H, T, D = q.shape
         K = self.k.shape[2]
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
         if isinstance(meta, ragged.RaggedMetadata):  # rows of any length, packed: (1, N)
-            N = T
-            if B != 1 or k.shape != (1, K, N, D) or N != sum(meta.query_lens):
+            if B != 1 or k.shape != (1, K, T, D) or T != sum(meta.query_lens):
                 raise ValueError(f"a packed forward takes (1, {sum(meta.query_lens)}) tokens, "
                                  f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-            k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k[0].transpose(0, 1)
-            v_pool[meta.slot_blocks, :, meta.slot_offsets] = v[0].transpose(0, 1)
-            return ragged.attend(meta, q, k, v, k_pool, v_pool, self._buffers)
-        if B != meta.batch or k.shape != (B, K, T, D) or k.dtype != self.k.dtype:
+        elif B != meta.batch or k.shape != (B, K, T, D) or k.dtype != self.compute_dtype:
             raise ValueError(f"k is {tuple(k.shape)} {k.dtype}; expected {(B, K, T, D)} "
-                             f"{self.k.dtype} for the {meta.batch} bound rows")
-        rows = B * T
-        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k.transpose(1, 2).reshape(rows, K, D)
-        v_pool[meta.slot_blocks, :, meta.slot_offsets] = v.transpose(1, 2).reshape(rows, K, D)
+                             f"{self.compute_dtype} for the {meta.batch} bound rows")
+        rows_k = k.transpose(1, 2).reshape(B * T, K, D)  # (rows, K, D), rows in slot order
+        rows_v = v.transpose(1, 2).reshape(B * T, K, D)
+        k, v, k_pool, v_pool = self._store(layer, meta, k, v, rows_k, rows_v)
+        if isinstance(meta, ragged.RaggedMetadata):
+            return ragged.attend(meta, q, k, v, k_pool, v_pool, self._buffers)
         if meta.from_scratch:  # nothing cached before these tokens: attend them directly
             return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=H != K)
         if meta.fused:
@@ -255,3 +280,11 @@ class PagedKVCache:
         k_all, v_all = gather_blocks(k_pool, v_pool, meta.gather, B, self._buffers)  # (B, K, N, D)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=meta.mask,
                                               enable_gqa=H != K)
+
+    def _store(self, layer, meta, k, v, rows_k, rows_v):
+        """Write the new tokens' K and V (``rows_*``: (rows, K, D)) at their slots; return what
+        attention reads: the new k, v (B, K, T, D) and the layer's pools."""
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
+        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = rows_k
+        v_pool[meta.slot_blocks, :, meta.slot_offsets] = rows_v
+        return k, v, k_pool, v_pool

@@ -2,7 +2,7 @@
 
 nano-vllm's ``ModelRunner`` reads the scheduled sequences, builds the step's inputs from Python
 lists (``prepare_prefill``, ``prepare_decode``), runs the model and samples. This one does the
-same, greedily unless a request asks for a temperature. Each forward's inputs (token ids and positions) and its attention metadata
+same, greedily unless a request asks for a temperature (``inferlab.serving.sampling``). Each forward's inputs (token ids and positions) and its attention metadata
 (slots, block tables, context lengths: ``inferlab.serving.paged_cache.prepare``) are built
 once, reach the device in one copy, and are bound to the cache for every layer to read.
 
@@ -11,7 +11,9 @@ once, reach the device in one copy, and are bound to the cache for every layer t
 - A decode runs one new token for each sequence in one forward (n, 1), at each row's last slot.
 - A chunked step (``forward``) runs decode rows and prefill chunks (each sequence's next
   uncomputed tokens) in one forward, packed into one row (1, N) (``inferlab.serving.ragged``);
-  it samples at each row's last token.
+  it samples at each row's last token. A chunk that leaves part of its prompt for later draws
+  nothing from its sequence's generator (its token is dropped), so a seeded request's tokens do
+  not depend on how its prompt was chunked.
 
 The runner only reads the sequences; the scheduler changes them.
 """
@@ -22,23 +24,12 @@ import torch
 
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Sequence
-
-
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """One token per row of ``logits`` (n, V): the argmax, or for a sequence with a temperature
-    a draw from softmax(logits / temperature) with its own generator (on the CPU, so that a
-    seed gives the same tokens on every device)."""
-    tokens = logits.argmax(-1).tolist()
-    for i, seq in enumerate(seqs):
-        if seq.temperature > 0:
-            probs = torch.softmax(logits[i].float().cpu() / seq.temperature, dim=-1)  # (V,)
-            tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
-    return tokens
+from inferlab.serving.sampling import sample, sampling_inputs
 
 
 class ModelRunner:
     """Runs prefills and decode batches on ``model`` over ``cache``; greedy sampling unless a
-    sequence asks for a temperature (``sample``)."""
+    sequence asks for a temperature (``inferlab.serving.sampling.sample``)."""
 
     def __init__(self, model, cache: PagedKVCache):
         self.model, self.cache = model, cache
@@ -74,13 +65,13 @@ class ModelRunner:
     def prefill(self, seq: Sequence) -> int:
         ids, positions = self.prepare_prefill(seq)
         logits = self.model(ids, positions, self.cache, last_only=True)[:, -1]  # (1, V)
-        return sample(logits, [seq])[0]
+        return sample(logits, *sampling_inputs([seq]))[0]
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[int]:
         ids, positions = self.prepare_decode(seqs)
         logits = self.model(ids, positions, self.cache)[:, -1]  # (n, V)
-        return sample(logits, seqs)
+        return sample(logits, *sampling_inputs(seqs))
 
     @torch.inference_mode()
     def forward(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[int]:
@@ -91,4 +82,6 @@ class ModelRunner:
             return self.decode(decodes)  # decodes only: the (n, 1) path
         ids, positions, last = self.prepare_forward([(s, 1) for s in decodes] + chunks)
         logits = self.model(ids, positions, self.cache, logits_at=last)[0]  # (rows, V)
-        return sample(logits, [*decodes, *(s for s, _ in chunks)])
+        seqs = [*decodes, *(s for s, _ in chunks)]
+        emits = [True] * len(decodes) + [n == s.num_uncomputed for s, n in chunks]
+        return sample(logits, *sampling_inputs(seqs, emits))

@@ -1,0 +1,73 @@
+"""The paged K/V pool in int8: a quarter of float32's bytes per cached number (half of bfloat16's).
+
+Chapter 5's ``Int8KVCache`` (``inferlab.model.kv_cache``) stores each new K (and V) vector of
+one head as int8 codes with one float32 scale, s = max|k| / 127; this pool stores them the same
+way, by the same rule (``Int8KVCache.quantize``), in blocks: codes (L, blocks, K, D, S) and
+(L, blocks, K, S, D) as the float pool lays them out, and scales (L, blocks, K, S) for each of
+K and V. A token then takes D + 4 bytes per head and tensor instead of 4 D, so a pool of the
+same bytes holds nearly four times the tokens of a float32 one (``block_bytes`` counts both).
+
+Reading is the reference's, not a fast kernel's: at every layer the layer's pool is
+dequantized to the compute dtype and attention runs as it does over the float pool; the new
+tokens are attended as the cache will hand them back later, rounded. What it shows is the
+quality and the capacity of an int8 cache behind the whole engine (``serve(...,
+ServingConfig(kv_cache_dtype="int8"))``), not its speed: a fused kernel would read the codes
+in place (vLLM's FP8 KV cache does the same trade, with its own kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferlab.model.kv_cache import Int8KVCache
+from inferlab.serving.block_manager import BlockManager
+from inferlab.serving.paged_cache import PagedKVCache
+
+
+class Int8PagedKVCache(PagedKVCache):
+    """A ``PagedKVCache`` whose K and V are int8 codes with a float32 scale per token and head;
+    attention computes in ``dtype``."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, memory: BlockManager,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 use_triton: bool | None = None, n_heads: int | None = None):
+        super().__init__(n_layers, n_kv_heads, head_dim, memory, torch.int8, device,
+                         use_triton=False, n_heads=n_heads)  # the fused kernel reads floats
+        S = memory.block_size
+        self.k_scale = torch.ones((n_layers, memory.num_blocks, n_kv_heads, S),
+                                  dtype=torch.float32, device=device)
+        self.v_scale = torch.ones_like(self.k_scale)
+        self._compute_dtype = dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self._compute_dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the codes and the scales occupy."""
+        return super().nbytes + 2 * self.k_scale.numel() * self.k_scale.element_size()
+
+    def copy_pending(self) -> None:
+        """Copy-on-write copies: the codes and their scales."""
+        for source, dest in self.allocator.take_copies():
+            for t in (self.k, self.v, self.k_scale, self.v_scale):
+                t[:, dest] = t[:, source]
+
+    def _store(self, layer, meta, k, v, rows_k, rows_v):
+        """Quantize the new tokens' K and V, store codes and scales at their slots; return the
+        new k, v rounded as stored and the layer's pools dequantized to the compute dtype."""
+        blocks, offsets = meta.slot_blocks, meta.slot_offsets
+        codes_k, scale_k = Int8KVCache.quantize(rows_k)  # (rows, K, D) int8, (rows, K, 1)
+        codes_v, scale_v = Int8KVCache.quantize(rows_v)
+        self.k[layer][blocks, :, :, offsets] = codes_k
+        self.v[layer][blocks, :, offsets] = codes_v
+        self.k_scale[layer][blocks, :, offsets] = scale_k[..., 0]
+        self.v_scale[layer][blocks, :, offsets] = scale_v[..., 0]
+        cd = self.compute_dtype
+        B, K, T, D = k.shape
+        k = (codes_k.float() * scale_k).to(cd).view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
+        v = (codes_v.float() * scale_v).to(cd).view(B, T, K, D).transpose(1, 2)
+        k_pool = (self.k[layer].float() * self.k_scale[layer][:, :, None, :]).to(cd)
+        v_pool = (self.v[layer].float() * self.v_scale[layer][..., None]).to(cd)
+        return k, v, k_pool, v_pool  # pools: (blocks, K, D, S), (blocks, K, S, D)
