@@ -1,0 +1,43 @@
+"""Rank programs: what each process does in a tensor- or expert-parallel run.
+
+Each function here runs inside one rank started by ``inferlab.parallel.launch.run_ranks`` and
+returns plain tensors and numbers, which the parent compares with one process's results. They
+live at a module's top level because the spawn start method finds them by name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferlab.model.generate import generate
+from inferlab.model.llama import build_model
+from inferlab.model.weights import load_checkpoint
+from inferlab.parallel.tensor import AllReduce, shard_model
+
+
+def _model(source, dtype=torch.float32):
+    """A checkpoint directory (str or Path), or a (ModelConfig, seed) pair for a random model."""
+    if isinstance(source, tuple):
+        config, seed = source
+        return build_model(config, seed=seed, dtype=dtype)
+    return load_checkpoint(source, dtype=dtype)
+
+
+@torch.inference_mode()
+def tensor_parallel_run(rank: int, world_size: int, source, prompt: torch.Tensor,
+                        max_new_tokens: int) -> dict:
+    """Logits of ``prompt`` (B, T) and its greedy continuation, on rank ``rank``'s shard.
+
+    Also returns the all-reduce counters of the forward pass alone (calls, bytes) and the
+    rank's number of parameters, so the parent can check the traffic and the split.
+    """
+    full = _model(source)
+    counter = AllReduce()
+    part = shard_model(full, rank, world_size, counter)
+    del full
+    logits = part(prompt)
+    calls, nbytes = counter.calls, counter.bytes
+    tokens = generate(part, prompt, max_new_tokens)  # greedy, with the rank's own KV cache
+    return {"logits": logits, "tokens": tokens, "calls": calls, "bytes": nbytes,
+            "params": sum(p.numel() for p in part.parameters()),
+            "kv_heads": part.config.n_kv_heads}
