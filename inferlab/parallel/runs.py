@@ -24,20 +24,35 @@ def _model(source, dtype=torch.float32):
 
 
 @torch.inference_mode()
-def tensor_parallel_run(rank: int, world_size: int, source, prompt: torch.Tensor,
-                        max_new_tokens: int) -> dict:
-    """Logits of ``prompt`` (B, T) and its greedy continuation, on rank ``rank``'s shard.
+def tensor_parallel_run(rank: int, world_size: int, jobs: list) -> list[dict]:
+    """For each job ``(source, prompt, max_new_tokens)``: rank ``rank``'s shard of the model
+    runs ``prompt`` (B, T); returns its logits and greedy continuation.
 
-    Also returns the all-reduce counters of the forward pass alone (calls, bytes) and the
-    rank's number of parameters, so the parent can check the traffic and the split.
+    Each result also holds the all-reduce counters of the forward pass alone (calls, bytes),
+    the rank's parameter count and its KV heads, so the parent can check the traffic and split.
     """
-    full = _model(source)
-    counter = AllReduce()
-    part = shard_model(full, rank, world_size, counter)
-    del full
-    logits = part(prompt)
-    calls, nbytes = counter.calls, counter.bytes
-    tokens = generate(part, prompt, max_new_tokens)  # greedy, with the rank's own KV cache
-    return {"logits": logits, "tokens": tokens, "calls": calls, "bytes": nbytes,
-            "params": sum(p.numel() for p in part.parameters()),
-            "kv_heads": part.config.n_kv_heads}
+    out = []
+    for source, prompt, max_new_tokens in jobs:
+        full = _model(source)
+        counter = AllReduce()
+        part = shard_model(full, rank, world_size, counter)
+        del full
+        logits = part(prompt)
+        calls, nbytes = counter.calls, counter.bytes
+        tokens = generate(part, prompt, max_new_tokens)  # greedy, with the rank's own KV cache
+        out.append({"logits": logits, "tokens": tokens, "calls": calls, "bytes": nbytes,
+                    "params": sum(p.numel() for p in part.parameters()),
+                    "kv_heads": part.config.n_kv_heads})
+    return out
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises; the others wait for it at a barrier that never completes.
+
+    The failure a launcher must survive: a dead rank and live peers blocked in a collective.
+    """
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise RuntimeError(f"rank {rank} fails on purpose")
+    dist.barrier()
+    return rank
