@@ -78,7 +78,8 @@ def test_one_expert_top_one_equals_the_dense_model():
         torch.testing.assert_close(moe(tokens), dense(tokens), rtol=1e-6, atol=1e-6)
 
 
-def test_transformers_loads_the_checkpoint_with_the_same_logits(tmp_path):
+def test_transformers_loads_the_checkpoint_with_the_same_logits(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local directory: never reach the Hub
     transformers = pytest.importorskip("transformers", reason="transformers is not installed "
                                        "here; the test never installs or downloads it")
     model = build_moe_model(TINY, seed=4)
