@@ -1,6 +1,6 @@
 """A Mixtral-style mixture of experts: the course's Llama with each MLP replaced by routed experts.
 
-Jiang et al. 2024 (Mixtral of Experts, Sec. 2.1) replace every feed-forward block with
+Jiang et al. 2024 (Mixtral of Experts, arXiv:2401.04088) replace every feed-forward block with
 ``n_experts`` SwiGLU experts and a router: a linear layer gives each token one logit per expert,
 the token goes to the ``experts_per_token`` (k) experts with the largest logits, and their outputs
 are added, weighted by a softmax over the selected logits. Hugging Face's

@@ -1,7 +1,7 @@
 """Tensor parallelism: one Llama split over ``world_size`` ranks, Megatron-style.
 
-Shoeybi et al. 2019 (Megatron-LM, Sec. 3) split a transformer block so that each rank holds a
-slice of every weight matrix and the ranks talk twice per layer:
+Shoeybi et al. 2019 (Megatron-LM, arXiv:1909.08053) split a transformer block so that each rank
+holds a slice of every weight matrix and the ranks talk twice per layer:
 
 - attention: q_proj, k_proj and v_proj are split by output rows (column-parallel), so each rank
   computes whole heads of its own; o_proj is split by input columns (row-parallel), so each rank
