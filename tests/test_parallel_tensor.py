@@ -15,7 +15,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.generate import generate
 from inferlab.model.llama import build_model
 from inferlab.model.weights import checkpoint_path, load_checkpoint
-from inferlab.parallel.launch import RankFailed, run_ranks
+from inferlab.parallel.launch import RankFailed, backend_for, run_ranks
 from inferlab.parallel.runs import fail_on_rank, tensor_parallel_run
 from inferlab.parallel.tensor import (HeadSplit, all_reduce_bytes_per_token, local_config,
                                       shard_model, shard_state)
@@ -119,3 +119,8 @@ def test_a_failing_rank_is_reported_and_no_process_is_left():
     with pytest.raises(RankFailed, match="fails on purpose"):
         run_ranks(fail_on_rank, 2, 1, timeout=20)
     assert multiprocessing.active_children() == []
+
+
+def test_backend_follows_the_device():
+    assert backend_for("cpu") == "gloo"
+    assert backend_for("cuda") == "nccl" and backend_for(torch.device("cuda", 1)) == "nccl"

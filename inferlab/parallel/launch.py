@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import queue
 import socket
+import time
 import traceback
 from datetime import timedelta
 
@@ -44,6 +45,8 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, timeout: flo
     """One rank: join the group, run ``fn``, send back its result or its traceback."""
     torch.set_num_threads(threads)
     try:
+        if backend == "nccl":  # one GPU per rank: NCCL refuses two ranks on one device
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout))
         try:
@@ -61,15 +64,18 @@ class RankFailed(RuntimeError):
     """A rank raised, died or did not finish in time."""
 
 
-def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout: float = 60.0,
-              threads: int = 1) -> list:
+def run_ranks(fn, world_size: int, *args, device: str = "cpu", backend: str | None = None,
+              timeout: float = 60.0, threads: int = 1) -> list:
     """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each run in its own process.
 
+    ``backend`` defaults to ``backend_for(device)``: gloo for "cpu", NCCL for "cuda" (rank r then
+    uses GPU r; the rank programs of ``inferlab.parallel.runs`` themselves run on the CPU).
     ``threads``: intra-op threads per rank (one each by default, so two ranks share two cores
     without oversubscribing them).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    backend = backend_for(device) if backend is None else backend
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -81,27 +87,27 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout: float 
     try:
         for p in procs:
             p.start()
-        deadline = timeout + 60.0  # the ranks' own start-up (imports) comes on top of timeout
-        waited = 0.0
-        while len(outputs) + len(errors) < world_size:
+        # The ranks' own start-up (imports) comes on top of ``timeout``. After a first failure
+        # the others get a few seconds to report too: the rank that failed first is not always
+        # the first to say so (its peers see only a closed connection).
+        deadline = time.monotonic() + timeout + 60.0
+        while len(outputs) + len(errors) < world_size and time.monotonic() < deadline:
             try:
                 rank, ok, payload = results.get(timeout=1.0)
             except queue.Empty:
-                waited += 1.0
                 dead = [i for i, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0]
                 if dead and results.empty():
                     errors.append(f"rank(s) {dead} exited with code(s) "
                                   f"{[procs[i].exitcode for i in dead]} before reporting")
                     break
-                if waited > deadline:
-                    errors.append(f"ranks did not finish within {deadline:.0f} s")
-                    break
                 continue
             if ok:
                 outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-            else:  # stop at the first failure: its peers would only wait for it
+            else:
                 errors.append(f"rank {rank} failed:\n{payload}")
-                break
+                deadline = min(deadline, time.monotonic() + 5.0)
+        if len(outputs) + len(errors) < world_size and not errors:
+            errors.append(f"ranks did not finish within {timeout + 60.0:.0f} s")
     finally:
         for p in procs:
             p.join(timeout=5.0)
