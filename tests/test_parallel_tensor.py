@@ -124,3 +124,12 @@ def test_a_failing_rank_is_reported_and_no_process_is_left():
 def test_backend_follows_the_device():
     assert backend_for("cpu") == "gloo"
     assert backend_for("cuda") == "nccl" and backend_for(torch.device("cuda", 1)) == "nccl"
+
+
+def test_overhead_and_bandwidth_fit_recovers_a_known_link():
+    from inferlab.parallel.bench import bus_factor, fit_overhead_bandwidth
+
+    rows = [{"bytes_per_call": s, "seconds_per_call": 2e-4 + s / 5e9} for s in (768, 6144, 3e6)]
+    overhead, algbw = fit_overhead_bandwidth(rows)
+    assert overhead == pytest.approx(2e-4, rel=1e-9) and algbw == pytest.approx(5e9, rel=1e-9)
+    assert bus_factor(2) == 1.0 and bus_factor(8) == 1.75

@@ -12,6 +12,12 @@ On the CPU the ranks use gloo over 127.0.0.1, whose cost is mostly fixed per cal
 wake-ups and the loopback stack), not bytes over a wire; the chapter scales the bytes to NVLink
 and InfiniBand with the step-time model.
 
+Reading the times the way NCCL's own tests do (nccl-tests ``doc/PERFORMANCE.md``, sections
+"Time" and "AllReduce"): a call costs a fixed overhead plus size over bandwidth, so
+``fit_overhead_bandwidth`` fits t = overhead + S / algbw over the sizes measured; an all-reduce
+of S bytes over n ranks moves 2 (n - 1) / n x S bytes through each rank's link, so the "bus
+bandwidth" comparable with a link's peak is algbw x 2 (n - 1) / n.
+
 The ranks must call the collective the same number of times, so each rank times a fixed number
 of calls with ``torch.utils.benchmark.Timer.timeit`` (not ``blocked_autorange``, which picks its
 own count and would leave one rank waiting for a call the other never makes).
@@ -30,7 +36,7 @@ from inferlab.device import bytes_per_element, parse_dtype
 from inferlab.parallel.launch import run_ranks
 from inferlab.parallel.tensor import all_reduce_bytes_per_token
 
-DEFAULT_TOKENS = (1, 8, 64)
+DEFAULT_TOKENS = (1, 8, 64, 512, 4096)
 
 
 def time_all_reduce(rank: int, world_size: int, d_model: int, tokens: list[int], dtype: str,
@@ -51,6 +57,20 @@ def time_all_reduce(rank: int, world_size: int, d_model: int, tokens: list[int],
     return rows
 
 
+def fit_overhead_bandwidth(rows: list[dict]) -> tuple[float, float]:
+    """Least-squares t = overhead + bytes / algbw over ``rows``: (overhead s, algbw bytes/s)."""
+    size = torch.tensor([float(r["bytes_per_call"]) for r in rows], dtype=torch.float64)
+    t = torch.tensor([r["seconds_per_call"] for r in rows], dtype=torch.float64)
+    design = torch.stack([torch.ones_like(size), size], dim=1)  # (n, 2)
+    overhead, per_byte = torch.linalg.lstsq(design, t[:, None]).solution[:, 0].tolist()
+    return overhead, (1.0 / per_byte if per_byte > 0 else float("inf"))
+
+
+def bus_factor(world_size: int) -> float:
+    """Bytes through each rank's link per byte all-reduced: 2 (n - 1) / n (nccl-tests)."""
+    return 2 * (world_size - 1) / world_size
+
+
 def measure(d_model: int, n_layers: int, tokens=DEFAULT_TOKENS, world_size: int = 2,
             dtype: str = "float32", calls: int = 50, blocks: int = 5) -> list[dict]:
     """One row per token count: rank 0's time per all-reduce and the per-step totals."""
@@ -61,6 +81,8 @@ def measure(d_model: int, n_layers: int, tokens=DEFAULT_TOKENS, world_size: int 
         row["calls_per_step"] = 2 * n_layers
         row["all_reduce_seconds_per_step"] = 2 * n_layers * row["seconds_per_call"]
         row["bytes_per_token"] = 2 * n_layers * d_model * bytes_per_element(dtype)
+        row["busbw_bytes_per_s"] = (row["bytes_per_call"] / row["seconds_per_call"]
+                                    * bus_factor(world_size))
     return rows
 
 
@@ -91,11 +113,16 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['tokens']:>7} {r['bytes_per_call']:>11,} {r['seconds_per_call'] * 1e6:>9.1f} "
               f"{r['all_reduce_seconds_per_step'] * 1e3:>19.3f}")
+    overhead, algbw = fit_overhead_bandwidth(rows)
+    print(f"fit t = overhead + bytes / algbw: overhead {overhead * 1e6:.1f} us, algbw "
+          f"{algbw / 1e9:.2f} GB/s (bus bandwidth {algbw * bus_factor(args.ranks) / 1e9:.2f} GB/s)")
     if args.out:
         record = {"benchmark": "tp_allreduce", "model": args.model, "dtype": args.dtype,
                   "backend": "gloo", "ranks": args.ranks, "link": "127.0.0.1 (loopback)",
                   "command": " ".join(["python -m inferlab.parallel.bench", *(argv or sys.argv[1:])]),
-                  "all_reduce_bytes_per_token": per_token, "results": rows}
+                  "all_reduce_bytes_per_token": per_token, "fit_overhead_s": overhead,
+                  "fit_algbw_bytes_per_s": algbw,
+                  "fit_busbw_bytes_per_s": algbw * bus_factor(args.ranks), "results": rows}
         print(f"wrote {write_record(record, info, args.out)}")
     return 0
 
