@@ -39,7 +39,8 @@ def measure(source, tokens: int, world_size: int = 2, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, c.vocab_size, (1, tokens), generator=gen)
                for _ in range(world_size)]
-    ranks = run_ranks(expert_parallel_run, world_size, source, prompts, 1, timeout=120)
+    ranks = [r[0] for r in run_ranks(expert_parallel_run, world_size, [(source, prompts, 1)],
+                                          timeout=120)]
     routed = sum(r["routed_tokens"] for r in ranks)  # token-layers over all ranks
     sent = sum(r["dispatch_bytes"] for r in ranks)
     load = expert_load(record_routing(model, torch.cat(prompts, dim=1)), c.n_experts)  # (L, E)

@@ -59,26 +59,29 @@ def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
 
 
 @torch.inference_mode()
-def expert_parallel_run(rank: int, world_size: int, source, prompts: list,
-                        max_new_tokens: int) -> dict:
-    """Rank ``rank`` of an expert-parallel MoE runs its own prompt ``prompts[rank]`` (B, T_r).
+def expert_parallel_run(rank: int, world_size: int, jobs: list) -> list[dict]:
+    """For each job ``(source, prompts, max_new_tokens)``: rank ``rank`` of an expert-parallel MoE
+    runs its own prompt ``prompts[rank]`` (B, T_r).
 
-    ``source``: a Mixtral-layout checkpoint directory, or (MoEModelConfig, seed). Returns the
-    logits, the greedy continuation (every rank generates the same number of tokens, so the
-    ranks' all-to-alls stay in step) and the dispatch counters of the forward pass alone.
+    ``source``: a Mixtral-layout checkpoint directory, or (MoEModelConfig, seed). Each result
+    holds the logits, the greedy continuation (every rank generates the same number of tokens,
+    so the ranks' all-to-alls stay in step) and the dispatch counters of the forward pass alone.
     """
     from inferlab.model.moe import build_moe_model, load_moe_checkpoint
     from inferlab.parallel.expert import DispatchCounter, shard_experts
 
-    if isinstance(source, tuple):
-        model = build_moe_model(source[0], seed=source[1])
-    else:
-        model = load_moe_checkpoint(source, dtype=torch.float32)
-    counter = DispatchCounter()
-    shard_experts(model, rank, world_size, counter)
-    prompt = prompts[rank]
-    logits = model(prompt)
-    counts = dict(vars(counter))
-    tokens = generate(model, prompt, max_new_tokens)
-    return {"logits": logits, "tokens": tokens, **counts,
-            "experts_held": len(model.model.layers[0].block_sparse_moe.experts)}
+    out = []
+    for source, prompts, max_new_tokens in jobs:
+        if isinstance(source, tuple):
+            model = build_moe_model(source[0], seed=source[1])
+        else:
+            model = load_moe_checkpoint(source, dtype=torch.float32)
+        counter = DispatchCounter()
+        shard_experts(model, rank, world_size, counter)
+        prompt = prompts[rank]
+        logits = model(prompt)
+        counts = dict(vars(counter))
+        tokens = generate(model, prompt, max_new_tokens)
+        out.append({"logits": logits, "tokens": tokens, **counts,
+                    "experts_held": len(model.model.layers[0].block_sparse_moe.experts)})
+    return out
