@@ -17,13 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from inferlab.course.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
+from inferlab.course.checks import FAIL, FLAG, PASS, TODO  # the tags the checks print; no torch
 
 # What an exercise can come to (the same words as inferlab.course.verify's).
 PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN, FLAGGED = ("passed", "failed", "not attempted", "not run",
                                                    "flagged")
-_TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED}
-_WORST_FIRST = {FAILED: 0, NOT_ATTEMPTED: 1, PASSED: 2}  # an exercise printed twice keeps its worst
+_TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED, FLAG: FLAGGED}
+# An exercise printed twice keeps its worst report.
+_WORST_FIRST = {FLAGGED: 0, FAILED: 1, NOT_ATTEMPTED: 2, PASSED: 3}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes a failure's block is printed in
 
 # What a notebook's run can come to. Only COMPLETED means the notebook ran to its last cell.
 COMPLETED, TIMED_OUT, KERNEL_DIED = "completed", "timed out", "kernel died"
@@ -109,9 +111,9 @@ def exercises_of(module: str) -> dict[str, str]:
 def _texts(output) -> list[str]:
     """The text of an output in which a check's tag can appear."""
     if output.get("output_type") == "stream":
-        return [output.get("text", "")]
+        return [_ANSI.sub("", output.get("text", ""))]
     if output.get("output_type") == "error":
-        return [output.get("evalue", "")]
+        return [_ANSI.sub("", output.get("evalue", ""))]
     return []
 
 
@@ -210,7 +212,8 @@ def _tag_flags(nb, tags: dict[str, tuple[str, str]], labels: list[str],
                                      f"{module or 'this lab'} does not have (its exercises: "
                                      f"{', '.join(labels) or 'none'}); reported as unknown, "
                                      "never counted"})
-        elif verdicts is not None and printed == PASSED and verdicts.get(label) != PASSED:
+        elif verdicts is not None and printed == PASSED \
+                and verdicts.get(label) not in (PASSED, FLAGGED):  # a flagged row says it already
             contradicted.append(f"{label} ({verdicts.get(label, NOT_RUN)})")
     if contradicted:
         flags.append({"cell": None, "kind": "contradicted pass",
