@@ -108,6 +108,19 @@ def exercises_of(module: str) -> dict[str, str]:
     return labels
 
 
+def weights_of(module: str) -> dict[str, float]:
+    """``{exercise label: points}`` from the check module's ``WEIGHTS`` (parsed, not imported);
+    an exercise it does not list is worth 1 point."""
+    labels = exercises_of(module)
+    path = Path(__file__).resolve().parent / "checks" / f"{module}.py"
+    given: dict = {}
+    if labels:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["WEIGHTS"]:
+                given = ast.literal_eval(node.value)
+    return {label: float(given.get(label, 1)) for label in labels.values()}
+
+
 def _texts(output) -> list[str]:
     """The text of an output in which a check's tag can appear."""
     if output.get("output_type") == "stream":

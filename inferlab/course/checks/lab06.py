@@ -25,6 +25,10 @@ from inferlab.analysis import speculation
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.model import speculative
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"6.1": 2, "6.2": 1, "6.3": 3, "6.4": 2, "6.5": 2}
+
 FALSE_ALARM = 1e-3  # the chance that a correct rule fails the distribution test (all tests together)
 
 
