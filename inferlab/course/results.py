@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -74,7 +74,8 @@ class NotebookResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> "NotebookResult":
-        data = {k: v for k, v in data.items() if k != "counts"}
+        known = {f.name for f in fields(cls)}  # not the report's counts, scores and weights
+        data = {k: v for k, v in data.items() if k in known}
         data["exercises"] = [ExerciseResult(**e) for e in data.get("exercises", [])]
         return cls(**data)
 
