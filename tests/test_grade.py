@@ -429,7 +429,7 @@ def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
     r = forged[1]["returns_reference"]
     assert all(e.result == outcome.FLAGGED for e in r.exercises), r.exercises
     assert all("calls inferlab's reference implementation" in e.message for e in r.exercises)
-    assert all(re.search(r"of cell \d+\)$", e.message) for e in r.exercises)
+    assert all(re.search(r"\(cell \d+, line \d+, in \w+\)$", e.message) for e in r.exercises)
     assert _flags(r, "uses reference") == []  # one finding per offence: the exercise's row
 
 

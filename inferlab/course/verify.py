@@ -311,7 +311,7 @@ def watch_calls(reference):
         if event == "call" and frame.f_code in codes:
             caller = frame.f_back
             if caller is not None and _is_learner_code(caller.f_code):
-                hits.append(f"line {caller.f_lineno} of its cell, in {caller.f_code.co_name}")
+                hits.append(f"line {caller.f_lineno}, in {caller.f_code.co_name}")
         return None
 
     previous = sys.gettrace()
@@ -399,7 +399,7 @@ def grade_namespace(user_ns: dict, checks_dir: str, module: str, exercises: list
         if hits:
             entry.update(result=FLAGGED, message=f"{name} calls inferlab's reference "
                                                  f"implementation, {_name_of(reference)} "
-                                                 f"({hits[0]} of cell {cell + 1})")
+                                                 f"(cell {cell + 1}, {hits[0]})")
         if untrusted and entry["result"] == PASSED:
             entry.update(result=FLAGGED, message="passed, but not trusted: the notebook replaced "
                                                  f"{', '.join(untrusted[:3])}, which checks may use")

@@ -216,10 +216,11 @@ def run_check(exercise: str, name: str, learner: F, reference: F,
         return _failed(exercise, name, f"{FAIL} Exercise {exercise} ({name}) raised "
                        f"{type(error).__name__}: {error}", reference, error)
     if how or hits:
-        what = how or f"calls inferlab's reference implementation ({hits[0]})"
-        message = (f"{FLAG} Exercise {exercise}: {name} {what} ({_reference_name(reference)}), "
-                   "so this check tested inferlab, not your code: it does not count as passed. "
-                   "Write the function yourself.")
+        what = how or "calls inferlab's reference implementation"
+        where = "" if how else f" ({hits[0]} of its cell)"
+        message = (f"{FLAG} Exercise {exercise}: {name} {what}, {_reference_name(reference)}"
+                   f"{where}, so this check tested inferlab, not your code: it does not count "
+                   "as passed. Write the function yourself.")
         _outcomes[exercise] = (FLAG, message)
         print(message, file=sys.stderr)
         return reference
