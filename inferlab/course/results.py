@@ -275,8 +275,14 @@ def summarise(nb, path: str, run: str, detail: str, seconds: float,
         flags.append({"cell": None if cell is None else cell + 1, "kind": f["kind"],
                       "message": f["message"] if cell is None
                       else f"{cell_name(nb, cell)}: {f['message']}"})
-    flags += _tag_flags(nb, tags, labels, None if verdict is None else
-                        {e.exercise: e.result for e in exercises}, module)
+    for f in _tag_flags(nb, tags, labels, None if verdict is None else
+                        {e.exercise: e.result for e in exercises}, module):
+        rebound = next((g for g in flags if g["kind"] == "rebinds checks"), None)
+        if f["kind"] == "contradicted pass" and rebound is not None:
+            # the passes the rebound checks printed: the same offence, said in its one finding
+            rebound["message"] += f"; so {f['message']}"
+        else:
+            flags.append(f)
     errors = _cell_errors(nb)
     others = [e for e in errors if e["ename"] != "CheckFailed"]
     if others:
