@@ -6,8 +6,12 @@ A check (``inferlab.course.checks.labNN.<name>``) given
   the reference itself), prints ``[PASS] Exercise N.`` and returns that very function;
 - a function that is not attempted (it raises NotImplementedError), prints ``[TODO]`` and lends
   a reference that passes the same check, so the rest of the lab runs;
-- a planted bug, raises ``CheckFailed`` whose message starts ``[FAIL] Exercise N.`` and carries
-  what the learner needs: a hint, and the ``words`` each lab asks for.
+- a planted bug, raises ``CheckFailed`` (in ``strict()`` mode, as the grader and conftest run
+  the checks) whose message starts ``[FAIL] Exercise N.`` and carries what the learner needs: a
+  hint, and the ``words`` each lab asks for; in a notebook (not strict) the same message is
+  printed on stderr, the failure is recorded for ``summary()``, and the check returns the
+  reference it lends an unattempted exercise, so the rest of the lab runs on code known to be
+  right.
 
 A lab's test module takes the three tests with
 
@@ -20,6 +24,7 @@ hints it wants pinned adds ``test_specific_hints = hints(lab04, CASES, [(bug, wo
 
 import pytest
 
+from inferlab.course import checks
 from inferlab.course.checks import CheckFailed
 
 
@@ -64,9 +69,29 @@ def contract(lab, cases: dict, number: int, words=("Hint:",), wrap: bool = True,
                    if not any(x in message for x in ((w,) if isinstance(w, str) else w))]
         assert not missing, (missing, message)
 
+    @pytest.mark.parametrize("name, bug", [(n, b) for n, (_, bugs) in cases.items() for b in bugs],
+                             ids=lambda v: getattr(v, "__name__", v))
+    def test_planted_bug_in_a_notebook_reports_and_lends_the_reference(name, bug, capsys):
+        with checks.strict(False):
+            lent = getattr(lab, name)(stub)
+            capsys.readouterr()
+            checks._outcomes.clear()
+            try:
+                got = getattr(lab, name)(bug)
+                shown = capsys.readouterr().err
+                assert got is not bug and (got is lent or getattr(got, "__code__", 0)
+                                           is getattr(lent, "__code__", 1)), got
+                assert f"[FAIL] Exercise {number}." in shown and "reference" in shown, shown
+                assert any(w in shown for w in ("Hint:", "raised")), shown
+                with pytest.raises(CheckFailed, match="not passed"):
+                    checks.summary()
+            finally:
+                checks._outcomes.clear()
+
     return (test_correct_answer_passes_and_is_returned,
             test_unattempted_exercise_gets_the_reference,
-            test_planted_bug_fails_with_an_actionable_message)
+            test_planted_bug_fails_with_an_actionable_message,
+            test_planted_bug_in_a_notebook_reports_and_lends_the_reference)
 
 
 def hints(lab, cases: dict, bug_words: list):

@@ -36,3 +36,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def strict_checks():
+    """The tests call the labs' checks as the grader does: a wrong answer raises CheckFailed
+    (a notebook instead reports it and lends the reference; tests of that leave strict mode)."""
+    from inferlab.course import checks
+
+    with checks.strict():
+        yield

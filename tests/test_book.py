@@ -10,12 +10,15 @@ exactly as it is now (jupyter-cache stores a notebook only when it ran without a
 its code). The student labs (``labs/``), which the site shows unexecuted, run under nbval.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from inferlab.course import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
@@ -74,3 +77,15 @@ def test_the_site_offers_one_search_not_two(root: Path, build):
     sidebar = html[html.index("bd-sidebar-primary"):html.index("bd-main")]
     assert "search-button-field" not in sidebar
     assert "search-button__button" in html        # the header's button is still there
+
+
+def test_book_exercises_are_numbered_per_chapter(root: Path, build):
+    """Chapter N's exercises read Exercise N.1, N.2, ... (as the labs number theirs), from the
+    build above: the Chapters part is numbered and numfig counts within each chapter."""
+    assert build.returncode == 0, "the book did not build"
+    chapters = catalog.toc_parts(root)["Chapters"]
+    for number, page in enumerate(chapters, start=1):
+        html = (root / "_build" / "html" / f"{page}.html").read_text(encoding="utf-8")
+        titles = re.findall(r'class="caption-number">Exercise ([\d.]+)\s*<', html)
+        assert titles, f"{page}: no numbered exercise"
+        assert titles == [f"{number}.{k}" for k in range(1, len(titles) + 1)], (page, titles)

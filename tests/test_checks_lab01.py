@@ -26,7 +26,8 @@ CASES = {
 
 
 (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
- test_planted_bug_fails_with_an_actionable_message) = contract(
+ test_planted_bug_fails_with_an_actionable_message,
+ test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab01, CASES, 1, words=("returned", "expected", "Hint:"),
     lent_as={name: reference for name, (reference, _) in CASES.items()})
 

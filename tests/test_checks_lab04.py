@@ -148,7 +148,8 @@ CASES = {
 
 
 (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
- test_planted_bug_fails_with_an_actionable_message) = contract(
+ test_planted_bug_fails_with_an_actionable_message,
+ test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab04, CASES, 4,
     lent_as={n: r for n, (r, _) in CASES.items() if n != "request_metrics"})  # that one: a wrapper
 

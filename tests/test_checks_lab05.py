@@ -98,7 +98,8 @@ REFERENCES = {"int8_linear": quant.Int8Linear, "step_bytes": formulas.quantized_
 
 
 (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
- test_planted_bug_fails_with_an_actionable_message) = contract(
+ test_planted_bug_fails_with_an_actionable_message,
+ test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab05, CASES, 5, words=("expected", "Hint:"), wrap=False, lent_as=REFERENCES)
 
 

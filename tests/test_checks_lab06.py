@@ -30,6 +30,47 @@ def judged_by_the_next_row(logits, drafted):
     return out + [choice[len(out)]]
 
 
+def judged_by_the_next_row_loop_from_one(logits, drafted):
+    """The slip as a learner writes it: d_1 .. d_k against rows 1 .. k."""
+    choice = logits.argmax(-1)
+    out = []
+    for i in range(1, len(drafted) + 1):
+        if drafted[i - 1] != choice[i]:
+            break
+        out.append(int(drafted[i - 1]))
+    return out + [int(choice[len(out)])]
+
+
+def every_row_one_late(logits, drafted):
+    choice = logits.argmax(-1).tolist()
+    out = []
+    for i, d in enumerate(drafted.tolist()):
+        if d != choice[i + 1]:
+            break
+        out.append(d)
+    return out + [choice[min(len(out) + 1, len(drafted))]]
+
+
+def correction_from_the_next_row(logits, drafted):
+    choice = logits.argmax(-1).tolist()
+    out = []
+    for i, d in enumerate(drafted.tolist()):
+        if d != choice[i]:
+            return out + [choice[i + 1]]
+        out.append(d)
+    return out + [choice[len(drafted)]]
+
+
+def judged_by_the_previous_row(logits, drafted):
+    choice = logits.argmax(-1).tolist()
+    out = []
+    for i, d in enumerate(drafted.tolist()):
+        if d != choice[i - 1]:
+            break
+        out.append(d)
+    return out + [choice[len(out)]]
+
+
 def no_bonus(logits, drafted):
     out = speculative.greedy_verify(logits, drafted)
     return out[:-1] if len(out) == len(drafted) + 1 and len(drafted) else out
@@ -112,8 +153,10 @@ def forgets_the_count(table, num_tokens):
 
 
 CASES = {
-    "greedy_verify": (speculative.greedy_verify, [judged_by_the_next_row, no_bonus,
-                                                  keeps_matches_after_a_mismatch]),
+    "greedy_verify": (speculative.greedy_verify, [
+        judged_by_the_next_row, judged_by_the_next_row_loop_from_one, every_row_one_late,
+        correction_from_the_next_row, judged_by_the_previous_row, no_bonus,
+        keeps_matches_after_a_mismatch]),
     "sampling_verify": (speculative.sampling_verify, [always_accept, resample_from_p,
                                                       accept_if_more_likely]),
     "expected_tokens": (speculation.expected_tokens, [k_not_k_plus_one, divides_by_zero]),
@@ -123,12 +166,17 @@ CASES = {
 
 
 (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
- test_planted_bug_fails_with_an_actionable_message) = contract(
+ test_planted_bug_fails_with_an_actionable_message,
+ test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab06, CASES, 6, words=(("Hint:", "raised"),))
 
 
 test_specific_hints = hints(lab06, CASES, [
-    (judged_by_the_next_row, "row 0"),
+    (judged_by_the_next_row, "judged by the row after its own"),
+    (judged_by_the_next_row_loop_from_one, "judged by the row after its own"),
+    (every_row_one_late, "one too late"),
+    (correction_from_the_next_row, "that same position"),
+    (judged_by_the_previous_row, "row -1"),
     (no_bonus, "one more token"),
     (keeps_matches_after_a_mismatch, "stop at the first mismatch"),
     (always_accept, "follow the draft's q"),

@@ -60,7 +60,8 @@ REFERENCES = {"usd_per_million": token_cost.usd_per_million,
 
 
 (test_correct_answer_passes_and_is_returned, test_unattempted_exercise_gets_the_reference,
- test_planted_bug_fails_with_an_actionable_message) = contract(
+ test_planted_bug_fails_with_an_actionable_message,
+ test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab08, CASES, 8, words=("returned", "expected", "Hint:"), lent_as=REFERENCES)
 
 

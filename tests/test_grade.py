@@ -47,7 +47,7 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
     correct = copy.deepcopy(lab)
     for i in _exercise_cells(lab):
         correct.cells[i].source = solution.cells[i].source
-    wrong, syntax, loop, crash = (copy.deepcopy(correct) for _ in range(4))
+    wrong, syntax, loop, crash, uses = (copy.deepcopy(correct) for _ in range(5))
     i = _cell_of(wrong, WRONG)
     assert "(m * k + k * n + m * n)" in wrong.cells[i].source
     wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
@@ -57,12 +57,15 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
         "return peak_flops / bandwidth", "while True:\n        pass")
     crash.cells[first].source = crash.cells[first].source.replace(
         "return peak_flops / bandwidth", "import os\n    os._exit(1)")
-    for nb in (syntax, loop, crash):
+    uses.cells[i].source = uses.cells[i].source.replace(
+        "return flops / moved", "from inferlab.analysis import formulas\n"
+        "    return formulas.matmul_intensity(m, n, k, bytes_per_element)")
+    for nb in (syntax, loop, crash, uses):
         assert nb.cells != correct.cells
 
     paths = {}
     for name, nb in [("correct", correct), ("wrong", wrong), ("unattempted", lab),
-                     ("syntax", syntax), ("loop", loop), ("crash", crash)]:
+                     ("syntax", syntax), ("loop", loop), ("crash", crash), ("uses", uses)]:
         paths[name] = folder / f"{name}.ipynb"
         nbformat.write(nb, paths[name])
     paths["notjson"] = folder / "notjson.ipynb"
@@ -85,13 +88,23 @@ def _grade_cli(paths, *options, cwd) -> tuple[int, dict, float]:
     return proc.returncode, json.loads(proc.stdout), time.monotonic() - start
 
 
+EXECUTED = {}  # name: the executed notebook the grader saved (what the learner would see)
+
+
 @pytest.fixture(scope="module")
 def full_runs(planted, tmp_path_factory):
-    """correct, wrong, unattempted, syntax error and not-JSON in one call, two at a time."""
-    names = ["correct", "wrong", "unattempted", "syntax", "notjson"]
+    """correct, wrong, unattempted, syntax error, uses the reference and not-JSON in one call,
+    two at a time, each executed notebook saved."""
+    names = ["correct", "wrong", "unattempted", "syntax", "uses", "notjson"]
+    saved = tmp_path_factory.mktemp("executed")
     code, report, _ = _grade_cli([planted[n] for n in names], "--timeout", "400", "--jobs", "2",
+                                 "--executed-dir", str(saved),
                                  cwd=tmp_path_factory.mktemp("grading"))
     results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
+    for i, name in enumerate(names):
+        path = saved / f"{i + 1:03d}_{name}.ipynb"
+        if path.is_file():
+            EXECUTED[name] = nbformat.read(path, as_version=4)
     return code, report, dict(zip(names, results))
 
 
@@ -179,13 +192,64 @@ def test_endless_and_crashing_notebooks_stop_alone(short_runs):
 def test_text_and_csv_reports(full_runs):
     results = list(full_runs[2].values())
     text = grade.format_text(results)
-    assert text.splitlines()[0].split() == ["notebook", "run", "lab", "passed", "failed", "not",
-                                            "attempted", "not", "run", "flagged", "flags",
-                                            "seconds"]
-    assert "not JSON" in text and "[FAIL] Exercise 1.2" in text
+    assert text.splitlines()[0].split() == ["notebook", "lab", "score", "pass", "fail", "todo",
+                                            "norun", "flag", "secs"]
+    assert max(map(len, text.splitlines())) <= 80  # reads in an 80-column terminal
+    flat = " ".join(text.split())
+    assert "not JSON" in flat and "[FAIL] Exercise 1.2" in flat
+    weights = outcome.weights_of("lab01")
+    total = sum(weights.values())
+    assert f"{total:g}/{total:g} 100%" in text  # the correct notebook's score
+    assert grade.score(full_runs[2]["wrong"]) == (total - weights["1.2"], total)
     rows = list(__import__("csv").DictReader(grade.format_csv(results).splitlines()))
-    assert len(rows) == 4 * 5 + 1  # five exercises for each run lab, one row for the non-notebook
-    assert {r["result"] for r in rows} == {"passed", "failed", "not attempted", "not run", ""}
+    assert len(rows) == 5 * 5 + 1  # five exercises for each run lab, one row for the non-notebook
+    assert {r["result"] for r in rows} == {"passed", "failed", "not attempted", "not run",
+                                           "flagged", ""}
+    wrong = [r for r in rows if r["notebook"].endswith("wrong.ipynb")]
+    assert sum(float(r["points"]) for r in wrong) == float(wrong[0]["score"])
+    assert {r["exercise"]: float(r["weight"]) for r in wrong} == weights
+
+
+def test_weights_file_overrides_the_labs(full_runs, tmp_path):
+    path = tmp_path / "points.csv"
+    path.write_text("exercise,weight\n1.2,10\n")
+    r = full_runs[2]["wrong"]
+    others = sum(w for k, w in outcome.weights_of("lab01").items() if k != "1.2")
+    assert grade.score(r, grade.load_weights(path)) == (others, others + 10)
+
+
+def test_the_notebook_and_the_grader_agree_on_every_planted_submission(full_runs):
+    """What each executed notebook printed for an exercise (its checks' tags) is the grader's
+    verdict on it, for the right, wrong, unattempted, broken and reference-calling ones."""
+    for name in ("correct", "wrong", "unattempted", "syntax", "uses"):
+        printed = {k: v[0] for k, v in outcome.read_tags(EXECUTED[name]).items()}
+        grader = {e.exercise: e.result for e in full_runs[2][name].exercises
+                  if e.result != outcome.NOT_RUN}
+        assert printed == grader, (name, printed, grader)
+
+
+def test_a_wrong_answer_does_not_stop_the_lab(full_runs):
+    """The wrong notebook ran to its last cell: the failed check printed a marked [FAIL] block
+    (no traceback) and lent the reference; only the summary cell at the end raised."""
+    nb = EXECUTED["wrong"]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    errors = [(i, o) for i, c in enumerate(code) for o in c.outputs if o.output_type == "error"]
+    assert [i for i, _ in errors] == [len(code) - 1], errors
+    assert "not passed: 1.2" in errors[0][1].evalue
+    assert not any("checks/__init__.py" in line for line in errors[0][1].traceback)
+    shown = [o.text for c in code for o in c.outputs
+             if o.output_type == "stream" and o.name == "stderr" and "[FAIL] Exercise 1.2" in o.text]
+    assert shown and "inferlab's reference implementation" in shown[0]
+    assert all(c.execution_count is not None for c in code)
+
+
+def test_a_function_that_calls_the_reference_is_one_finding(full_runs):
+    r = full_runs[2]["uses"]
+    ex = _by_label(r)
+    assert ex["1.2"].result == outcome.FLAGGED and "calls inferlab's reference" in ex["1.2"].message
+    assert r.flags == []  # not also a "uses reference" flag nor a "contradicted pass"
+    text = grade.format_text([r])
+    assert text.count("calls inferlab's reference") == 1
 
 
 # Cheap checks of the parts that need no kernel.
@@ -346,9 +410,10 @@ def test_rebinding_the_check_functions_passes_nothing_and_is_flagged(forged):
     r = forged[1]["rebound_checks"]
     assert r.count(outcome.PASSED) == 0
     assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
-    [flag] = _flags(r, "rebinds checks")
+    [flag] = _flags(r, "rebinds checks")  # one finding: the passes it printed are said in it
     assert flag["cell"] == forged[2]["rebound_checks"] and "check.ridge_point" in flag["message"]
-    assert _flags(r, "contradicted pass")
+    assert "the notebook printed [PASS] for Exercise 1.1a" in flag["message"]
+    assert not _flags(r, "contradicted pass")
 
 
 def test_deleted_check_cells_and_printed_tags_pass_nothing(forged):
@@ -363,17 +428,16 @@ def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
     r = forged[1]["returns_reference"]
     assert all(e.result == outcome.FLAGGED for e in r.exercises), r.exercises
     assert all("calls inferlab's reference implementation" in e.message for e in r.exercises)
-    flagged = _flags(r, "uses reference")
-    assert len(flagged) == len(LABELS)
-    assert all(re.search(r'cell \d+ \("# Exercise 1\.', f["message"]) for f in flagged)
+    assert all(re.search(r"\(cell \d+, line \d+, in \w+\)$", e.message) for e in r.exercises)
+    assert _flags(r, "uses reference") == []  # one finding per offence: the exercise's row
 
 
 def test_an_exercise_that_is_the_reference_is_flagged(forged):
     r = forged[1]["is_reference"]
     ex = _by_label(r)
     assert ex["1.2"].result == outcome.FLAGGED and "is inferlab's reference" in ex["1.2"].message
-    [flag] = _flags(r, "uses reference")
-    assert flag["cell"] == forged[2]["is_reference"]
+    assert f"(cell {forged[2]['is_reference']})" in ex["1.2"].message
+    assert _flags(r, "uses reference") == []
     assert {k for k, e in ex.items() if e.result == outcome.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
 
 

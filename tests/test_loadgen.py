@@ -8,8 +8,8 @@ import pytest
 
 from inferlab.benchmarks.loadgen_agreement import REGIMES, compare, measure
 from inferlab.loadgen.__main__ import main
-from inferlab.loadgen.client import make_load, run
-from inferlab.loadgen.report import detailed, inter_token_latencies, report, table
+from inferlab.loadgen.client import LoadRequest, make_load, random_lengths, run
+from inferlab.loadgen.report import DEFAULT_SLO, detailed, inter_token_latencies, report, table
 from inferlab.serve.__main__ import build
 from inferlab.serve.background import BackgroundServer
 from inferlab.serving.metrics import SLO
@@ -81,12 +81,17 @@ def test_compare_matches_requests_by_id():
 
 def test_report_and_table_from_known_times():
     class O:
-        def __init__(self, sent, times):
+        def __init__(self, sent, times, prompt_len):
             self.sent_s, self.chunk_times_s, self.status = sent, times, 200
+            self.request = LoadRequest((1,) * prompt_len, len(times), sent)
         ok = property(lambda self: bool(self.chunk_times_s))
-    outs = [O(0.0, [0.1, 0.2, 0.4]), O(0.5, [0.6, 0.7]), O(1.0, [])]
+    outs = [O(0.0, [0.1, 0.2, 0.4], 10), O(0.5, [0.6, 0.7], 4), O(1.0, [], 100)]
     row = report(outs, SLO(0.2, 0.12))
     assert row["n_requests"] == 2 and row["failed"] == 1 and row["n_tokens"] == 5
+    # as vllm bench serve counts them: the inputs of the requests that finished
+    assert row["input_tokens"] == 14 and row["output_tokens"] == 5
+    assert row["total_throughput_tok_s"] == pytest.approx(19 / 0.7)
+    assert "14 in (prompts)" in table(row) and "total tok/s" in table(row)
     assert row["ttft_mean_s"] == pytest.approx(0.1)
     assert sorted(inter_token_latencies(outs)) == pytest.approx([0.1, 0.1, 0.2])
     assert row["in_slo_req_s"] == pytest.approx(1 / 0.7)  # only the second met TPOT <= 0.12
@@ -117,3 +122,49 @@ def test_command_line_replays_given_arrival_times(tmp_path):
                       "--scale", "0.25", "--no-progress"])
     assert row["n_requests"] == 3 and row["rate_req_s"] is None
     assert row["duration_s"] > 0.3  # the last one was sent 0.3 s after the first
+
+
+def test_random_dataset_has_the_given_lengths():
+    load = make_load("random", 20, input_len=64, output_len=16, seed=3)
+    assert {len(r.prompt) for r in load} == {64} and {r.max_tokens for r in load} == {16}
+    rows = random_lengths(500, 100, 10, range_ratio=0.5, seed=0)
+    assert {r.prompt_len for r in rows} <= set(range(50, 151)) and \
+        {r.output_len for r in rows} <= set(range(5, 16))
+    assert len({r.prompt_len for r in rows}) > 50  # drawn, not fixed
+    assert rows == random_lengths(500, 100, 10, range_ratio=0.5, seed=0)
+    with pytest.raises(ValueError, match="range_ratio"):
+        random_lengths(5, 10, 10, range_ratio=1.0)
+
+
+def test_max_concurrency_caps_the_requests_in_flight():
+    app = build(max_batch=8, num_blocks=128)
+    load = make_load("random", 6, input_len=8, output_len=6, seed=0)  # all sent at once
+    with BackgroundServer(app) as srv:
+        outcomes = run(srv.url, "course-target", load, progress=False, max_concurrency=2)
+    assert all(o.ok for o in outcomes)
+    spans = [(o.sent_s, o.chunk_times_s[-1]) for o in outcomes]
+    # at each send, the requests sent earlier and not yet done (their last chunk after it)
+    in_flight = [sum(s < t <= e for s, e in spans) + 1 for t, _ in spans]
+    assert max(in_flight) <= 2, spans
+
+
+def test_an_unreachable_server_gets_a_message_not_a_traceback(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SystemExit) as stop:
+        main(["--url", f"http://127.0.0.1:{port}", "--no-progress"])
+    assert "cannot reach a server at" in str(stop.value.code)
+    assert "python -m inferlab.serve" in str(stop.value.code)
+
+
+def test_the_default_slo_is_chapter_nines(root, capsys):
+    chapter = (root / "book" / "ch09_serving.md").read_text()
+    assert "report(outcomes, DEFAULT_SLO" in chapter  # the chapter measures against it
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"(default {DEFAULT_SLO.ttft_s}, Chapter 9's)" in shown
+    assert f"(default {DEFAULT_SLO.tpot_s}, Chapter 9's)" in shown

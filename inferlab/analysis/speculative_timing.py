@@ -30,12 +30,12 @@ from inferlab.timing import time_fn
 KS = (1, 2, 3, 4, 6, 8)
 
 
-def load_pair(dtype=torch.float32):
-    """The course's target and draft, and their shared tokenizer."""
+def load_pair(dtype=torch.float32, device: str | torch.device = "cpu"):
+    """The course's target and draft on ``device``, and their shared tokenizer."""
     from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
 
-    target = load_checkpoint(checkpoint_path("course-target"), dtype=dtype)
-    draft = load_checkpoint(checkpoint_path("course-draft"), dtype=dtype)
+    target = load_checkpoint(checkpoint_path("course-target"), dtype=dtype, device=device)
+    draft = load_checkpoint(checkpoint_path("course-draft"), dtype=dtype, device=device)
     return target, draft, load_tokenizer(checkpoint_path("course-target"), model=target)
 
 
@@ -74,9 +74,12 @@ def step_costs(target, draft, ks=KS, context: int = 64, min_run_time: float = 1.
     """Seconds of one target step, one draft step and a target pass over k + 1 tokens, after
     ``context`` cached tokens, timed interleaved; c and each verify cost as ratios."""
     def step(model, n):
+        dev = model.device
         cache = KVCache.for_model(model, 1, max_len=context + n)
-        model(torch.zeros(1, context, dtype=torch.long), torch.arange(context), cache)
-        x, pos = torch.ones(1, n, dtype=torch.long), torch.arange(context, context + n)
+        model(torch.zeros(1, context, dtype=torch.long, device=dev),
+              torch.arange(context, device=dev), cache)
+        x = torch.ones(1, n, dtype=torch.long, device=dev)
+        pos = torch.arange(context, context + n, device=dev)
 
         @torch.inference_mode()
         def run():

@@ -1,7 +1,8 @@
 """Grade submitted lab notebooks: run each one headless, then run the lab's checks on it.
 
-    python -m inferlab.course.grade submissions/*.ipynb               # tables on stdout
-    python -m inferlab.course.grade alice.ipynb bob.ipynb --json       # or --csv
+    python -m inferlab.course.grade submissions/*.ipynb               # 80-column report
+    python -m inferlab.course.grade alice.ipynb bob.ipynb --csv > grades.csv   # or --json
+    python -m inferlab.course.grade submissions/*.ipynb --weights points.csv   # your own points
     python -m inferlab.course.grade submissions/*.ipynb --timeout 300 --jobs 2 --profile cpu
 
 Every notebook runs in a worker process of its own (with a memory limit, ``--memory-gb``), with a
@@ -29,6 +30,13 @@ check module's docstrings (``Exercise N.M: ...``). An exercise is
   implementation that the check lends to an unattempted exercise, or when the notebook replaced
   part of ``inferlab`` that the checks may rely on.
 
+**Scores.** Each exercise is worth the points its lab's check module gives it (``WEIGHTS``; 1
+where it gives none), or those of a ``--weights`` file; a notebook scores the points of its
+passed exercises out of all of its lab's. The text report fits an 80-column terminal: one line
+a notebook, then each notebook's findings, one per offence (an exercise that uses the reference
+is one flagged exercise, not also a flag); ``--csv`` gives one row per exercise with its weight
+and points.
+
 Besides the exercises, a notebook gets *flags*, each naming its cell: statements that rewrite
 the checks or any imported module (read from the source, ``inferlab.course.scan``), a printed tag
 for a label the lab does not have (reported as unknown, never as a pass), and a printed
@@ -47,8 +55,6 @@ virtual machine. The instructor guide lists what the grader does and does not gu
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import signal
@@ -61,11 +67,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from inferlab.course.results import (FAILED, FLAGGED, NOT_ATTEMPTED, NOT_RUN, PASSED, TIMED_OUT,
-    GRADER_ERROR, ExerciseResult, NotebookResult)
+from inferlab.course.report import (EXIT_ALL_PASSED, EXIT_NOT_ALL_PASSED, EXIT_NOT_GRADED,
+    EXIT_USAGE, exit_status, format_csv, format_json, format_text, load_weights, score)
+from inferlab.course.results import PASSED, TIMED_OUT, GRADER_ERROR, NotebookResult
 from inferlab.course.runner import CHECK_BUDGET_S, run_notebook
 
-EXIT_ALL_PASSED, EXIT_NOT_ALL_PASSED, EXIT_USAGE, EXIT_NOT_GRADED = 0, 1, 2, 3
+__all__ = ["grade", "main", "exit_status", "score", "format_text", "format_csv", "format_json",
+           "load_weights", "EXIT_ALL_PASSED", "EXIT_NOT_ALL_PASSED", "EXIT_USAGE",
+           "EXIT_NOT_GRADED"]
 _WORKER_GRACE_S = 90  # kernel start-up and shutdown on top of a notebook's own budget
 DEFAULT_MEMORY_GB = 8.0  # the worker's (and so its kernel's) data-segment limit
 
@@ -163,83 +172,6 @@ def grade(paths: Iterable[str | Path], timeout: float = 600, jobs: int = 1,
     return [r for r in results if r is not None]
 
 
-def exit_status(results: list[NotebookResult]) -> int:
-    """0 all passed and nothing flagged, 1 some exercise not passed or something flagged,
-    3 some notebook not graded to its end."""
-    if any(not r.graded_to_end for r in results):
-        return EXIT_NOT_GRADED
-    if any(e.result != PASSED for r in results for e in r.exercises) or any(r.flags for r in results):
-        return EXIT_NOT_ALL_PASSED
-    return EXIT_ALL_PASSED
-
-
-# --- Reports --------------------------------------------------------------------------------
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = []
-    for row in [header, *rows]:
-        cells = [str(x).rjust(w) if i in right else str(x).ljust(w)
-                 for i, (x, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def format_text(results: list[NotebookResult]) -> str:
-    """The two tables a person reads, one row a notebook and one row an exercise, with the
-    notes on how runs ended and the flags between them."""
-    rows = []
-    for r in results:
-        total = len(r.exercises)
-        rows.append([r.notebook, r.run, r.lab or "-", f"{r.count(PASSED)}/{total}",
-                     str(r.count(FAILED)), str(r.count(NOT_ATTEMPTED)), str(r.count(NOT_RUN)),
-                     str(r.count(FLAGGED)), str(len(r.flags)), f"{r.seconds:.1f}"])
-    out = [_table(["notebook", "run", "lab", "passed", "failed", "not attempted", "not run",
-                   "flagged", "flags", "seconds"], rows, right={3, 4, 5, 6, 7, 8, 9})]
-    notes = [f"  {r.notebook}: {r.run}: {_one_line(r.detail)}" for r in results if r.detail]
-    if notes:
-        out.append("Notes:\n" + "\n".join(notes))
-    flags = [f"  {r.notebook}: {f['kind']}: {_one_line(f['message'])}"
-             for r in results for f in r.flags]
-    if flags:
-        out.append("Flags (each needs a look; a flagged exercise is not passed):\n"
-                   + "\n".join(flags))
-    ex_rows = [[r.notebook, e.exercise, e.result, _one_line(e.message)]
-               for r in results for e in r.exercises]
-    if ex_rows:
-        out.append(_table(["notebook", "exercise", "result", "message"], ex_rows))
-    return "\n\n".join(out) + "\n"
-
-
-CSV_FIELDS = ["notebook", "run", "detail", "seconds", "lab", "exercise", "result", "message",
-              "flags"]
-
-
-def format_csv(results: list[NotebookResult]) -> str:
-    """One row per exercise (a notebook with none gets one row with an empty exercise)."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for r in results:
-        base = {"notebook": r.notebook, "run": r.run, "detail": r.detail, "seconds": r.seconds,
-                "lab": r.lab or "",
-                "flags": " | ".join(f"{f['kind']}: {f['message']}" for f in r.flags)}
-        for e in r.exercises or [ExerciseResult("", "", "")]:
-            writer.writerow({**base, "exercise": e.exercise, "result": e.result,
-                             "message": e.message})
-    return buffer.getvalue()
-
-
-def format_json(results: list[NotebookResult]) -> str:
-    return json.dumps({"exit_status": exit_status(results),
-                       "notebooks": [r.to_dict() for r in results]}, indent=2) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inferlab.course.grade",
@@ -266,12 +198,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-gb", type=float, default=DEFAULT_MEMORY_GB,
                         help="memory each notebook's worker and kernel may allocate, in GiB "
                              f"(default {DEFAULT_MEMORY_GB:g}; 0 for no limit)")
+    parser.add_argument("--weights", default=None, metavar="CSV",
+                        help="points per exercise, a CSV file with the columns exercise,weight "
+                             "(default: each lab's WEIGHTS in its check module)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--_worker-result", dest="worker_result", default=None,
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.jobs < 1 or args.memory_gb < 0:
         parser.error("--timeout must be positive, --jobs at least 1, --memory-gb not negative")
+    overrides = None
+    if args.weights:
+        try:
+            overrides = load_weights(args.weights)
+        except (OSError, ValueError) as error:
+            parser.error(f"--weights: {error}")
 
     if args.worker_result:  # inside a worker: one notebook, result as JSON in a file
         limit_memory(args.memory_gb)
@@ -291,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                     profile=args.profile, executed_dir=args.executed_dir, progress=progress,
                     memory_gb=args.memory_gb)
     if args.json:
-        sys.stdout.write(format_json(results))
+        sys.stdout.write(format_json(results, overrides))
     elif args.csv:
-        sys.stdout.write(format_csv(results))
+        sys.stdout.write(format_csv(results, overrides))
     else:
-        sys.stdout.write(format_text(results))
+        sys.stdout.write(format_text(results, overrides))
     return exit_status(results)
 
 

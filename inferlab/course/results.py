@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
-from inferlab.course.checks import FAIL, PASS, TODO  # the tags the checks print; no torch import
+from inferlab.course.checks import FAIL, FLAG, PASS, TODO  # the tags the checks print; no torch
 
 # What an exercise can come to (the same words as inferlab.course.verify's).
 PASSED, FAILED, NOT_ATTEMPTED, NOT_RUN, FLAGGED = ("passed", "failed", "not attempted", "not run",
                                                    "flagged")
-_TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED}
-_WORST_FIRST = {FAILED: 0, NOT_ATTEMPTED: 1, PASSED: 2}  # an exercise printed twice keeps its worst
+_TAG_STATUS = {PASS: PASSED, FAIL: FAILED, TODO: NOT_ATTEMPTED, FLAG: FLAGGED}
+# An exercise printed twice keeps its worst report.
+_WORST_FIRST = {FLAGGED: 0, FAILED: 1, NOT_ATTEMPTED: 2, PASSED: 3}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes a failure's block is printed in
 
 # What a notebook's run can come to. Only COMPLETED means the notebook ran to its last cell.
 COMPLETED, TIMED_OUT, KERNEL_DIED = "completed", "timed out", "kernel died"
@@ -72,7 +74,8 @@ class NotebookResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> "NotebookResult":
-        data = {k: v for k, v in data.items() if k != "counts"}
+        known = {f.name for f in fields(cls)}  # not the report's counts, scores and weights
+        data = {k: v for k, v in data.items() if k in known}
         data["exercises"] = [ExerciseResult(**e) for e in data.get("exercises", [])]
         return cls(**data)
 
@@ -106,12 +109,25 @@ def exercises_of(module: str) -> dict[str, str]:
     return labels
 
 
+def weights_of(module: str) -> dict[str, float]:
+    """``{exercise label: points}`` from the check module's ``WEIGHTS`` (parsed, not imported);
+    an exercise it does not list is worth 1 point."""
+    labels = exercises_of(module)
+    path = Path(__file__).resolve().parent / "checks" / f"{module}.py"
+    given: dict = {}
+    if labels:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["WEIGHTS"]:
+                given = ast.literal_eval(node.value)
+    return {label: float(given.get(label, 1)) for label in labels.values()}
+
+
 def _texts(output) -> list[str]:
     """The text of an output in which a check's tag can appear."""
     if output.get("output_type") == "stream":
-        return [output.get("text", "")]
+        return [_ANSI.sub("", output.get("text", ""))]
     if output.get("output_type") == "error":
-        return [output.get("evalue", "")]
+        return [_ANSI.sub("", output.get("evalue", ""))]
     return []
 
 
@@ -210,7 +226,8 @@ def _tag_flags(nb, tags: dict[str, tuple[str, str]], labels: list[str],
                                      f"{module or 'this lab'} does not have (its exercises: "
                                      f"{', '.join(labels) or 'none'}); reported as unknown, "
                                      "never counted"})
-        elif verdicts is not None and printed == PASSED and verdicts.get(label) != PASSED:
+        elif verdicts is not None and printed == PASSED \
+                and verdicts.get(label) not in (PASSED, FLAGGED):  # a flagged row says it already
             contradicted.append(f"{label} ({verdicts.get(label, NOT_RUN)})")
     if contradicted:
         flags.append({"cell": None, "kind": "contradicted pass",
@@ -258,8 +275,14 @@ def summarise(nb, path: str, run: str, detail: str, seconds: float,
         flags.append({"cell": None if cell is None else cell + 1, "kind": f["kind"],
                       "message": f["message"] if cell is None
                       else f"{cell_name(nb, cell)}: {f['message']}"})
-    flags += _tag_flags(nb, tags, labels, None if verdict is None else
-                        {e.exercise: e.result for e in exercises}, module)
+    for f in _tag_flags(nb, tags, labels, None if verdict is None else
+                        {e.exercise: e.result for e in exercises}, module):
+        rebound = next((g for g in flags if g["kind"] == "rebinds checks"), None)
+        if f["kind"] == "contradicted pass" and rebound is not None:
+            # the passes the rebound checks printed: the same offence, said in its one finding
+            rebound["message"] += f"; so {f['message']}"
+        else:
+            flags.append(f)
     errors = _cell_errors(nb)
     others = [e for e in errors if e["ename"] != "CheckFailed"]
     if others:

@@ -311,7 +311,7 @@ def watch_calls(reference):
         if event == "call" and frame.f_code in codes:
             caller = frame.f_back
             if caller is not None and _is_learner_code(caller.f_code):
-                hits.append(f"line {caller.f_lineno} of its cell, in {caller.f_code.co_name}")
+                hits.append(f"line {caller.f_lineno}, in {caller.f_code.co_name}")
         return None
 
     previous = sys.gettrace()
@@ -358,7 +358,7 @@ def grade_namespace(user_ns: dict, checks_dir: str, module: str, exercises: list
         cell = where.get(name)
         entry = {"exercise": label, "result": NOT_RUN, "message": "", "cell": cell}
         out.append(entry)
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), base.strict():
             reference = check(_not_attempted)
         if name in broken:
             entry["message"] = f"its definition in cell {cell + 1} raised {broken[name]}"
@@ -368,16 +368,16 @@ def grade_namespace(user_ns: dict, checks_dir: str, module: str, exercises: list
             continue
         fn = ns[name]
         how = is_reference(fn, reference)
-        if how:
+        if how:  # one finding: the exercise's row (no separate flag for the same offence)
             entry.update(result=FLAGGED, message=f"{name} {how} ({_name_of(reference)}), "
-                                                 "so the check would test inferlab, not the learner")
-            flags.append({"cell": cell, "kind": "uses reference",
-                          "message": f"Exercise {label}: {entry['message']}"})
+                                                 "so the check would test inferlab, not the "
+                                                 f"learner (cell {cell + 1})")
             ns[name] = reference
             continue
         printed = io.StringIO()
         try:
-            with contextlib.redirect_stdout(printed), watch_calls(reference) as hits:
+            with contextlib.redirect_stdout(printed), base.strict(), \
+                    watch_calls(reference) as hits:
                 got = check(fn)
         except base.CheckFailed as failure:
             entry.update(result=FAILED, message=str(failure))
@@ -399,9 +399,7 @@ def grade_namespace(user_ns: dict, checks_dir: str, module: str, exercises: list
         if hits:
             entry.update(result=FLAGGED, message=f"{name} calls inferlab's reference "
                                                  f"implementation, {_name_of(reference)} "
-                                                 f"({hits[0]})")
-            flags.append({"cell": cell, "kind": "uses reference",
-                          "message": f"Exercise {label}: {entry['message']}"})
+                                                 f"(cell {cell + 1}, {hits[0]})")
         if untrusted and entry["result"] == PASSED:
             entry.update(result=FLAGGED, message="passed, but not trusted: the notebook replaced "
                                                  f"{', '.join(untrusted[:3])}, which checks may use")

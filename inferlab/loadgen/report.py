@@ -6,6 +6,11 @@ TTFT, TPOT, end-to-end latency, throughput and the rate within an SLO come from
 and the simulator's. Inter-token latency (ITL) is every gap between two consecutive tokens of
 a request, pooled over requests: TPOT is a request's mean gap, ITL shows the stalls a mean
 hides. Several runs at different rates make the latency-throughput curve.
+
+Like ``vllm bench serve``'s result block, the report counts the input tokens of the requests
+that finished and gives total-token throughput ((input + output) / duration) beside output-token
+throughput. ``DEFAULT_SLO`` is the objective Chapter 9 measures its server against, and the
+command's default.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 
 from inferlab.analysis.figures import legend_outside
 from inferlab.serving.metrics import SLO, Percentiles, RequestTiming, Summary, summarize
+
+DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.1)  # Chapter 9's: first token within 0.5 s, then 0.1 s each
 
 
 def timings(outcomes) -> list[RequestTiming]:
@@ -31,7 +38,11 @@ def report(outcomes, slo: SLO | None = None, rate: float | None = None) -> dict:
     """A load's results: the summary, ITL, failures, as one flat dictionary (seconds)."""
     summary = summarize(timings(outcomes), slo)
     itl = Percentiles.of(inter_token_latencies(outcomes))
+    input_tokens = sum(len(o.request.prompt) for o in outcomes if o.ok)
     row = {"rate_req_s": rate, **summary.row(),
+           "input_tokens": input_tokens, "output_tokens": summary.n_tokens,
+           "total_throughput_tok_s": (input_tokens + summary.n_tokens) / summary.duration_s
+           if summary.duration_s > 0 else math.inf,
            "itl_mean_s": itl.mean, "itl_p50_s": itl.p50, "itl_p95_s": itl.p95,
            "itl_p99_s": itl.p99,
            "failed": sum(not o.ok for o in outcomes),
@@ -56,10 +67,16 @@ def table(row: dict) -> str:
                         ("latency", "E2E latency")):
         vals = [row[f"{name}_{k}_s"] * 1e3 for k in ("mean", "p50", "p95", "p99")]
         lines.append(f"{label:<14}" + "".join(f"{v:>10.1f}" for v in vals))
-    lines.append(f"requests {row['n_requests']} done, {row['failed']} failed; "
-                 f"{row['n_tokens']} tokens in {row['duration_s']:.2f} s")
-    lines.append(f"throughput {row['throughput_tok_s']:.1f} tok/s, "
-                 f"{row['request_rate']:.2f} req/s")
+    lines.append(f"requests {row['n_requests']} done, {row['failed']} failed, in "
+                 f"{row['duration_s']:.2f} s")
+    if "input_tokens" in row:
+        lines.append(f"tokens {row['input_tokens']:,} in (prompts), {row['n_tokens']:,} out")
+        lines.append(f"throughput {row['throughput_tok_s']:.1f} output tok/s, "
+                     f"{row['total_throughput_tok_s']:.1f} total tok/s, "
+                     f"{row['request_rate']:.2f} req/s")
+    else:  # a row saved before input tokens were counted
+        lines.append(f"{row['n_tokens']} tokens; throughput {row['throughput_tok_s']:.1f} "
+                     f"tok/s, {row['request_rate']:.2f} req/s")
     if "in_slo_req_s" in row:
         lines.append(f"within the SLO {row['in_slo_req_s']:.2f} req/s ({row['slo_attainment']:.0%} "
                      f"within TTFT <= {row['slo_ttft_s'] * 1e3:.0f} ms and TPOT <= "

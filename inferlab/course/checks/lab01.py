@@ -5,6 +5,10 @@ from __future__ import annotations
 from inferlab.analysis import formulas
 from inferlab.course.checks import expect_close, run_check
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"1.1a": 1, "1.1b": 1, "1.2": 1, "1.3": 1, "1.4": 1}
+
 # (peak FLOP/s, bandwidth bytes/s) pairs: an H100 SXM, a T4, and a CPU-like machine.
 _ROOFS = [(989e12, 3.35e12), (65e12, 320e9), (200e9, 36e9)]
 

@@ -21,6 +21,10 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_attention import gather_index, gather_kv
 from inferlab.serving.paged_cache import PagedKVCache
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"3.1": 2, "3.2": 2, "3.3": 3, "3.4": 1, "3.5": 2, "3.6": 2}
+
 
 def _expect_raises(what: str, exc: type, fn, hint: str) -> None:
     try:

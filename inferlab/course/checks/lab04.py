@@ -29,6 +29,10 @@ from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"4.1": 2, "4.2": 3, "4.3a": 2, "4.3b": 1, "4.4": 1}
+
 
 # -- the oracle's traces ----------------------------------------------------------
 def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float) -> list[Request]:

@@ -25,6 +25,10 @@ from inferlab.analysis import speculation
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.model import speculative
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"6.1": 2, "6.2": 1, "6.3": 3, "6.4": 2, "6.5": 2}
+
 FALSE_ALARM = 1e-3  # the chance that a correct rule fails the distribution test (all tests together)
 
 
@@ -77,14 +81,42 @@ def _greedy_reference(prompt, n):
     return generate(_pair()[0], torch.tensor(prompt), n)[0].tolist()
 
 
-def _off_by_one(top: torch.Tensor, drafted: list[int]) -> list[int]:
-    """What a verifier that judges d_i by row i (not i - 1) returns: the usual slip."""
-    choice, out = top.tolist(), []
-    for i, d in enumerate(drafted):
-        if d != choice[min(i + 1, len(drafted))]:
-            break
-        out.append(d)
-    return out + [choice[len(out)]]
+# The usual slips in greedy verification, each as the output it gives (from the target's
+# choices ``c`` at rows 0..k and the drafts ``d``), with the hint that names it. A learner's wrong
+# output that one of them reproduces on every case gets that slip's hint.
+def _slip(judge, emit):
+    def output(c: list[int], d: list[int]) -> list[int]:
+        out = []
+        for i, x in enumerate(d):
+            if x != c[judge(i, len(d))]:
+                break
+            out.append(x)
+        return out + [c[emit(len(out), len(d))]]
+    return output
+
+
+_GREEDY_SLIPS = (
+    (_slip(lambda i, k: i + 1, lambda n, k: n),
+     "each draft was judged by the row after its own. Row i of the logits predicts the token "
+     "AFTER position i, so draft d_1 (drafted[0]) is judged by row 0, the logits at the last "
+     "committed token, and drafted[i] by row i."),
+    (_slip(lambda i, k: i + 1, lambda n, k: min(n + 1, k)),
+     "every row was read one too late: drafted[i] is judged by row i, and after n kept drafts "
+     "the target's own token is row n's choice (row k, the bonus, when all k are kept)."),
+    (_slip(lambda i, k: i, lambda n, k: min(n + 1, k)),
+     "at the first mismatch, emit the target's choice at that same position (row i: the token "
+     "it wants in place of the rejected draft), not the next row's."),
+    (_slip(lambda i, k: i - 1, lambda n, k: n),
+     "drafted[i] is judged by row i; row i - 1 at i = 0 is row -1, the last row, in Python."),
+)
+
+
+def _diagnose(outputs: list[tuple[list[int], list[int], list[int]]]) -> str | None:
+    """The hint of the one slip that reproduces every (choices, drafts, got) in ``outputs``."""
+    for model, hint in _GREEDY_SLIPS:
+        if all(model(c, d) == got for c, d, got in outputs):
+            return hint
+    return None
 
 
 def greedy_verify(fn):
@@ -94,21 +126,24 @@ def greedy_verify(fn):
         V = 8
         top = torch.tensor([3, 1, 4, 1, 5])  # the target's argmax at each of 5 positions
         logits = torch.nn.functional.one_hot(top, V).double()  # (k + 1, V) with k = 4
-        for drafted, want, hint in (
-                ([3, 1, 4, 1], [3, 1, 4, 1, 5], "when every draft matches, the last row of the "
-                 "logits gives one more token: k + 1 tokens for one pass."),
-                ([3, 1, 0, 1], [3, 1, 4], "stop at the first mismatch and emit the target's own "
-                 "token there; later drafts are never kept, even if they match."),
-                ([7, 1, 4, 1], [3], "row i of the logits predicts the token AFTER position i: "
-                 "draft d_1 is judged by row 0 (the logits at the last committed token)."),
-                ([], [3], "with nothing drafted, a verification is a plain decode step.")):
-            d = torch.tensor(drafted, dtype=torch.long)
-            got = f(logits[:len(drafted) + 1], d)
-            if [int(t) for t in got] != want and [int(t) for t in got] == _off_by_one(top, drafted):
-                hint = ("row i of the logits predicts the token AFTER position i: draft d_1 is "
-                        "judged by row 0 (the logits at the last committed token).")
+        table = (
+            ([3, 1, 4, 1], [3, 1, 4, 1, 5], "when every draft matches, the last row of the "
+             "logits gives one more token: k + 1 tokens for one pass."),
+            ([3, 1, 0, 1], [3, 1, 4], "stop at the first mismatch and emit the target's own "
+             "token there; later drafts are never kept, even if they match."),
+            ([7, 1, 4, 1], [3], "row i of the logits predicts the token AFTER position i: "
+             "draft d_1 is judged by row 0 (the logits at the last committed token)."),
+            ([1, 4, 1, 5], [3], "row i of the logits predicts the token AFTER position i: "
+             "draft d_1 is judged by row 0, not row 1."),
+            ([], [3], "with nothing drafted, a verification is a plain decode step."))
+        outputs = []
+        for drafted, _, _ in table:
+            got = f(logits[:len(drafted) + 1], torch.tensor(drafted, dtype=torch.long))
+            outputs.append((top[:len(drafted) + 1].tolist(), drafted, [int(t) for t in got]))
+        slip = _diagnose(outputs)
+        for (drafted, want, hint), (_, _, got) in zip(table, outputs):
             expect_equal(f"greedy_verify(logits with argmax {top[:len(drafted) + 1].tolist()}, "
-                         f"drafted={drafted})", [int(t) for t in got], want, hint=hint)
+                         f"drafted={drafted})", got, want, hint=slip or hint)
         target, draft = _pair()
         for prompt in _prompts():
             want = _greedy_reference(prompt, 24)
@@ -120,6 +155,30 @@ def greedy_verify(fn):
     return run_check("6.1", "greedy_verify", fn, speculative.greedy_verify, cases,
                      success="speculative greedy output equals the target's greedy output for "
                              "k = 1, 2, 3 and 5.")
+
+
+def expected_tokens(fn):
+    """Exercise 6.2: ``expected_tokens(a, k)``: expected tokens per verification,
+    (1 - a^(k+1)) / (1 - a)."""
+    def cases(f):
+        for a, k in ((0.0, 4), (0.5, 1), (0.6, 4), (0.8, 7), (0.95, 16), (1.0, 5), (0.3, 0)):
+            want = speculation.expected_tokens(a, k)
+            hint = "sum the chances 1 + a + ... + a^k: the token i+1 is emitted iff drafts 1..i are kept."
+            if a == 1.0:
+                hint = "at a = 1 the formula divides 0 by 0: every draft is kept, so k + 1 tokens."
+            try:
+                got = f(a, k)
+            except ZeroDivisionError:
+                raise CheckFailed(f"expected_tokens(a={a}, k={k}) divided by zero.\n  Hint: "
+                                  f"{hint}") from None
+            try:
+                if abs(float(got) - (want - a ** k)) < 1e-9 and a not in (0.0, 1.0):
+                    hint = "the bonus token counts too: k drafts give up to k + 1 tokens, so a^(k+1)."
+            except (TypeError, ValueError):
+                pass
+            expect_close(f"expected_tokens(a={a}, k={k})", got, want, rel=1e-9, hint=hint)
+    reference = lends(lambda a, k: speculation.expected_tokens(a, k), speculation.expected_tokens)
+    return run_check("6.2", "expected_tokens", fn, reference, cases)
 
 
 # Distributions for the sampling test: the draft is wrong in both directions (too sure of
@@ -153,7 +212,7 @@ def _sampled(f, seed: int = 6):
 
 
 def sampling_verify(fn):
-    """Exercise 6.2: ``sampling_verify(p, q, drafted, generator) -> list[int]``: the rejection rule
+    """Exercise 6.3: ``sampling_verify(p, q, drafted, generator) -> list[int]``: the rejection rule
     and the residual distribution; the emitted tokens are distributed as the target's p."""
     def cases(f):
         same = f(_P, _P[:2], torch.tensor([1, 0]), torch.Generator().manual_seed(0))
@@ -182,34 +241,10 @@ def sampling_verify(fn):
                     f"{_P[row].tolist()} (chi-square {stat:.1f} on {dof} degrees of freedom, "
                     f"p-value {p_value:.2g}; a correct rule fails this test with probability "
                     f"{FALSE_ALARM / 2:g}).\n  Hint: {hint}")
-    return run_check("6.2", "sampling_verify", fn, speculative.sampling_verify, cases,
+    return run_check("6.3", "sampling_verify", fn, speculative.sampling_verify, cases,
                      success=f"over {_TRIALS} seeded trials the first and second emitted tokens "
                              f"follow the target's p (chi-square tests, false-alarm rate "
                              f"{FALSE_ALARM:g} in all).")
-
-
-def expected_tokens(fn):
-    """Exercise 6.3: ``expected_tokens(a, k)``: expected tokens per verification,
-    (1 - a^(k+1)) / (1 - a)."""
-    def cases(f):
-        for a, k in ((0.0, 4), (0.5, 1), (0.6, 4), (0.8, 7), (0.95, 16), (1.0, 5), (0.3, 0)):
-            want = speculation.expected_tokens(a, k)
-            hint = "sum the chances 1 + a + ... + a^k: the token i+1 is emitted iff drafts 1..i are kept."
-            if a == 1.0:
-                hint = "at a = 1 the formula divides 0 by 0: every draft is kept, so k + 1 tokens."
-            try:
-                got = f(a, k)
-            except ZeroDivisionError:
-                raise CheckFailed(f"expected_tokens(a={a}, k={k}) divided by zero.\n  Hint: "
-                                  f"{hint}") from None
-            try:
-                if abs(float(got) - (want - a ** k)) < 1e-9 and a not in (0.0, 1.0):
-                    hint = "the bonus token counts too: k drafts give up to k + 1 tokens, so a^(k+1)."
-            except (TypeError, ValueError):
-                pass
-            expect_close(f"expected_tokens(a={a}, k={k})", got, want, rel=1e-9, hint=hint)
-    reference = lends(lambda a, k: speculation.expected_tokens(a, k), speculation.expected_tokens)
-    return run_check("6.3", "expected_tokens", fn, reference, cases)
 
 
 _LOOKUPS = [

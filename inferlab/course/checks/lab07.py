@@ -29,6 +29,10 @@ from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 from inferlab.sim import goodput
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"7.1": 3, "7.2": 1, "7.3": 2}
+
 
 def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float) -> list[Request]:
     """Short and long prompts mixed: every third request has a long one."""

@@ -17,6 +17,10 @@ from inferlab.course.checks import CheckFailed, expect_close, lends, run_check
 from inferlab.serving.metrics import Percentiles
 from inferlab.sim.steady_state import Window
 
+# Points per exercise for the grader's score (inferlab.course.grade; an instructor's
+# --weights file overrides them): more for the exercises that are more code.
+WEIGHTS = {"8.1": 1, "8.2": 1, "8.3": 2, "8.4": 2, "8.5": 2, "8.6": 1}
+
 
 def _number(got, what: str) -> float:
     try:
