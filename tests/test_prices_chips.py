@@ -68,7 +68,7 @@ def test_the_first_chapters_see_the_same_devices_as_before():
 
 def test_chips_to_hold_a_70b_model():
     config = ModelConfig.from_name("llama-3-70b")
-    w = weight_bytes(config, "bf16", read_per_step=False)
+    w = weight_bytes(config, "bf16")
     assert chips.chips_for_bytes(w, 0, 220e6) == math.ceil(w / 220e6)
     assert chips.chips_to_hold(config, "Groq LPU") == math.ceil(w / 0.22e9) > 600
     assert chips.chips_to_hold(config, "Cerebras WSE-3") == 4

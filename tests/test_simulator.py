@@ -14,7 +14,8 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.metrics import static_slot_utilisation
 from inferlab.serving.request import Request
-from inferlab.sim.simulator import FittedCosts, RooflineCosts, simulate
+from inferlab.analysis.step_time import StepModel
+from inferlab.sim.simulator import FittedCosts, simulate
 from inferlab.sim.traces import TraceRow, trace_requests
 
 
@@ -99,7 +100,7 @@ def test_the_simulator_makes_the_engine_s_decisions():
 def test_roofline_costs_are_the_bounds_of_formulas():
     llama = ModelConfig.from_name("llama-2-7b")
     h100 = get_device_spec("H100 SXM")
-    costs = RooflineCosts.for_device(llama, h100)
+    costs = StepModel.for_device(llama, h100)
     weights = formulas.decode_bytes_per_step(llama, "bfloat16")
     # batch 1, empty context: reading the weights once, at the bandwidth
     assert costs.decode_s(1, 0) == pytest.approx(weights / h100.bandwidth)
@@ -111,10 +112,10 @@ def test_roofline_costs_are_the_bounds_of_formulas():
     assert costs.decode_s(big, 0) == pytest.approx(big * formulas.flops_per_token(llama) / h100.peak_bf16)
     # a long prompt is compute-bound, and costs at least 2 x params x T FLOPs
     assert costs.prefill_s(2048) > 2048 * formulas.flops_per_token(llama) / h100.peak_bf16
-    slow = RooflineCosts.for_device(llama, h100, efficiency=0.5, overhead_s=1e-3)
+    slow = StepModel.for_device(llama, h100, efficiency=0.5, overhead_s=1e-3)
     assert slow.decode_s(1, 0) == pytest.approx(2 * costs.decode_s(1, 0) + 1e-3)
     with pytest.raises(ValueError, match="no bfloat16 peak"):
-        RooflineCosts.for_device(llama, get_device_spec("T4"))
+        StepModel.for_device(llama, get_device_spec("T4"))
 
 
 def test_kv_blocks_for_a_table_device():

@@ -46,11 +46,15 @@ class DeviceSpec:
     notes: str = ""
     match: tuple[str, ...] = ()
     memory_kind: str = ""      # where the weights live: "HBM", "GDDR6", "SRAM", ...
+    peak_fp8: float | None = None  # FLOP/s, dense, FP8 tensor cores
+    peak_fp4: float | None = None  # FLOP/s, dense, FP4 tensor cores
+    gpu_link: str = ""         # the GPU-to-GPU link of data/links.csv its servers use
 
     def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
         name = str(dtype).removeprefix("torch.")
-        return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16}.get(name)
+        return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16, "fp8": self.peak_fp8,
+                "float8_e4m3fn": self.peak_fp8, "fp4": self.peak_fp4}.get(name)
 
     def ridge_point(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Peak FLOP/s over bandwidth, in FLOP per byte (None without a peak figure)."""
@@ -84,6 +88,9 @@ def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, De
             source=row["source"], notes=row["notes"],
             match=tuple(m for m in row["match"].split("|") if m),
             memory_kind=row.get("memory_kind", ""),
+            peak_fp8=_number(row.get("peak_fp8_tflops", ""), 1e12),
+            peak_fp4=_number(row.get("peak_fp4_tflops", ""), 1e12),
+            gpu_link=row.get("gpu_link", ""),
         )
     return specs
 

@@ -1,7 +1,7 @@
 """Chapter 4's latency-against-load sweep in steady state: run it, store it, read it back.
 
 The sweep serves the ShareGPT-like workload (``inferlab.sim.traces``) with Llama-2-7B on the
-roofline of an A100 80GB (``inferlab.sim.simulator.RooflineCosts``), under static and under
+roofline of an A100 80GB (``inferlab.analysis.step_time.StepModel``), under static and under
 continuous batching, at a list of offered rates; each point is a steady state of
 ``inferlab.sim.steady_state`` (trace grown until two lengths agree, or shown overloaded), and
 each policy's capacity under the SLO is searched for as well. Near a server's capacity a
@@ -32,7 +32,7 @@ from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.sim.simulator import RooflineCosts
+from inferlab.analysis.step_time import StepModel
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, Workload,
     capacity_at_slo, capacity_from_dict, capacity_to_dict, state_from_dict, state_to_dict,
     steady_state)
@@ -66,8 +66,8 @@ class SweepSetup:
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_name(self.model)
 
-    def costs(self) -> RooflineCosts:
-        return RooflineCosts.for_device(self.model_config(), get_device_spec(self.device))
+    def costs(self) -> StepModel:
+        return StepModel.for_device(self.model_config(), get_device_spec(self.device))
 
     def serving(self, policy: str) -> ServingConfig:
         blocks = kv_blocks_for_device(self.model_config(), get_device_spec(self.device))
