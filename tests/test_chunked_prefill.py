@@ -261,9 +261,11 @@ def test_roofline_chunked_step_reduces_to_prefill_and_decode():
                                      get_device_spec("A100 80GB SXM"))
     assert costs.step_s([(512, 0)], 0, 0) == pytest.approx(costs.prefill_s(512))
     assert costs.step_s([], 32, 16000) == pytest.approx(costs.decode_s(32, 16000))
-    # a chunk rides along a memory-bound decode step for much less than its own prefill
+    # a chunk rides along a decode step for less than its own prefill (the weights are read
+    # once for both), but not for free: past the ridge its tokens' arithmetic adds its own time,
+    # which the attention reads of the decodes do not hide
     extra = costs.step_s([(256, 0)], 32, 16000) - costs.decode_s(32, 16000)
-    assert 0 < extra < 0.5 * costs.prefill_s(256)
+    assert 0.3 * costs.prefill_s(256) < extra < costs.prefill_s(256)
     assert chunk_pairs([(2, 3)]) == 2 * 3 + 3  # token 1 sees 4 keys, token 2 sees 5
 
 

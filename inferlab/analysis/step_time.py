@@ -143,7 +143,7 @@ class Shape:
     """A step's shape in the numbers its kernels are priced on (sums over rows)."""
 
     tokens: float        # new tokens through every matmul
-    rows: float          # sequences in the step: one LM-head position each
+    rows: float          # LM-head positions: one per sequence (k + 1 in a verification)
     pairs: float         # (query, key) pairs attention scores
     kv_read: float       # cached tokens attention reads (each row's held cache)
     kv_written: float    # tokens whose K/V the step writes
@@ -164,6 +164,15 @@ class Shape:
                 pairs += full * c + full * (full + 1) / 2 + (n - full) * window
             read += c + n if window is None else min(c + n, window)
         return cls(tokens, n_rows, pairs, read, tokens)
+
+    def times(self, count: float) -> "Shape":
+        """``count`` copies of this shape in one step (identical rows)."""
+        return Shape(self.tokens * count, self.rows * count, self.pairs * count,
+                     self.kv_read * count, self.kv_written * count)
+
+    def __add__(self, other: "Shape") -> "Shape":
+        return Shape(self.tokens + other.tokens, self.rows + other.rows, self.pairs + other.pairs,
+                     self.kv_read + other.kv_read, self.kv_written + other.kv_written)
 
     @classmethod
     def decode_rows(cls, cached, window: int | None = None) -> "Shape":
@@ -280,10 +289,15 @@ class StepModel:
     def step_s(self, chunks, batch: int, context_tokens: float) -> float:
         """A chunked step: prefill ``chunks`` of (new, cached) tokens beside ``batch`` decodes
         over ``context_tokens`` (the simulator's ``CostModel`` protocol)."""
-        c = Shape.of_rows(chunks, self.attention.window)
-        d = Shape.decode(batch, context_tokens)
-        return self.seconds(Shape(c.tokens + d.tokens, c.rows + d.rows, c.pairs + d.pairs,
-                                  c.kv_read + d.kv_read, c.kv_written + d.kv_written))
+        return self.seconds(Shape.of_rows(chunks, self.attention.window)
+                            + Shape.decode(batch, context_tokens))
+
+    def scaled(self, c: float) -> "StepModel":
+        """A model ``c`` times this one in every weight and every cached number (a draft)."""
+        a = self.attention
+        return replace(self, linear_params=c * self.linear_params, head_params=c * self.head_params,
+                       attention=replace(a, kv_bytes_per_token=c * a.kv_bytes_per_token,
+                                         flops_per_pair=c * a.flops_per_pair))
 
     def weight_bytes_read(self) -> float:
         """Bytes of weights one step reads: the linear layers and the LM head, once."""
