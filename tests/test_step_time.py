@@ -5,8 +5,9 @@ import pytest
 
 from inferlab.analysis import formulas, mla
 from inferlab.analysis.hardware import get_device_spec
-from inferlab.analysis.step_time import (Attention, Shape, StepModel, blocks_for_tokens,
-                                         link_bandwidth, old_single_max, precision, step_time)
+from inferlab.analysis.step_time import (Attention, Shape, StepModel, link_bandwidth,
+                                         old_single_max, precision, step_time)
+from inferlab.serving.block_manager import blocks_for
 from inferlab.model.config import ModelConfig
 
 LLAMA13 = ModelConfig.from_name("llama-2-13b")
@@ -89,7 +90,8 @@ def test_a_sliding_window_caps_keys_and_cache_reads():
 
 def test_mla_prices_attention_on_its_latent_cache():
     v3 = mla.MLAShape(61, 7168, 128, 1536, 512, 128, 64, 128)
-    attn = Attention(mla.kv_bytes_per_token(v3), 61 * 128 * (2 * 576 + 2 * 512))
+    attn = mla.attention_cost(v3)
+    assert attn == Attention(mla.kv_bytes_per_token(v3), 61 * 128 * (2 * 576 + 2 * 512))
     model = StepModel.for_device(LLAMA13, "H100 SXM", attention=attn)
     k = by_name(model.kernels(Shape.of_rows([(1, 999)])))
     assert k["attention"].bytes == 1001 * 61 * 576 * 2
@@ -110,6 +112,4 @@ def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
 
 
 def test_blocks_for_tokens_is_a_ceiling():
-    assert [blocks_for_tokens(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
-    with pytest.raises(ValueError):
-        blocks_for_tokens(-1, 16)
+    assert [blocks_for(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]

@@ -93,13 +93,6 @@ def link_bandwidth(name: str) -> float:
     raise ValueError(f"no link {name!r} in data/links.csv")
 
 
-def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    """Blocks of ``block_size`` slots that hold ``tokens`` tokens: the ceiling of the ratio."""
-    if tokens < 0 or block_size < 1:
-        raise ValueError(f"need tokens >= 0 and block_size >= 1, got {tokens}, {block_size}")
-    return -(-tokens // block_size)
-
-
 @dataclass(frozen=True)
 class Attention:
     """What attention costs per cached token and per (query, key) pair, over the whole model."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from inferlab.analysis import formulas
 from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
@@ -50,9 +51,8 @@ def refusals(requests: list[Request], model_config, num_blocks: int | None = Non
 
 def block_bytes(model, block_size: int) -> int:
     """Bytes one KV block takes: K and V, every layer, ``block_size`` tokens."""
-    c = model.config
-    return 2 * c.n_layers * block_size * c.n_kv_heads * c.head_dim * \
-        model.lm_head.weight.element_size()
+    return block_size * formulas.kv_bytes_per_token(model.config,
+                                                    model.lm_head.weight.element_size())
 
 
 def pool_blocks(model, requests: list[Request], config: ServingConfig,
