@@ -155,3 +155,28 @@ def test_cost_table_and_calculator(stored, capsys):
     assert figure_problems(ax.figure) == []
     unstored = calculate(tc.CostCase(prompt=123))
     assert unstored.simulated is None and "not stored" in str(unstored)
+
+
+def test_a_chunked_run_splits_its_forwards_between_prefill_and_decode():
+    """A chunked step is one forward, split between the phases by the tokens each put through
+    it: every busy second is counted once, and input tokens cost about what a whole-prompt
+    prefill makes them cost."""
+    from inferlab.serving.config import ServingConfig
+    from inferlab.sim.simulator import simulate
+
+    case = tc.CostCase(prompt=400, output=100)
+    requests = Workload.fixed(400, 100).requests(600, 10.0)
+    whole = measure(requests, case.costs(), case.serving(), case.slo)
+    config = ServingConfig(num_blocks=case.serving().num_blocks, max_batch=256,
+                           policy="chunked", token_budget=256)
+    chunked = measure(requests, case.costs(), config, case.slo)   # warm-up 0.2, cool-down 0.1
+    end = max(r.arrival_s for r in requests)
+    busy = sum(it.end_s - it.start_s for it in simulate(requests, case.costs(), config).iterations
+               if 0.2 * end <= it.start_s < 0.9 * end)
+    assert any(it.chunks for it in simulate(requests, case.costs(), config).iterations)
+    assert chunked.prefill_s > 0 and chunked.decode_s > 0
+    assert chunked.prefill_s + chunked.decode_s == pytest.approx(busy, rel=1e-9)
+    # the input tokens' price is the prefill's in both designs (up to the chunks' re-reads and
+    # the weight reads they share with the decodes)
+    in_whole, in_chunked = tc.window_costs(whole, 3.6)[0], tc.window_costs(chunked, 3.6)[0]
+    assert 0.5 * in_whole < in_chunked < 2 * in_whole

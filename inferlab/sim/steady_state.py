@@ -131,7 +131,8 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
 
     The window runs from ``warmup`` to ``1 - cooldown`` of the time of the last arrival. The
     run itself goes on to the end, so every request that arrived in the window is followed to
-    its last token, however long the queue it met.
+    its last token, however long the queue it met. A chunked step (one forward over decodes and
+    prefill chunks) is split between the phases in proportion to the tokens each put through it.
     """
     if not (0 <= warmup and 0 <= cooldown and warmup + cooldown < 1):
         raise ValueError(f"need warmup, cooldown >= 0 with warmup + cooldown < 1, got "
@@ -159,8 +160,13 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     for it in run.iterations:
         if inside(it.start_s):
             prefill_s += sum(s for _, _, s in it.prefills)
+            # a chunked step is one forward: split in proportion to the tokens each phase put
+            # through it (a decode row is one token, a chunk its new tokens)
+            chunk_tokens = sum(n for _, n, _ in it.chunks)
+            share = chunk_tokens / (chunk_tokens + it.decode_batch) if chunk_tokens else 0.0
+            prefill_s += share * it.decode_s
+            decode_s += (1 - share) * it.decode_s
             if it.decode_ids:
-                decode_s += it.decode_s
                 steps += 1
                 rows += it.decode_batch
     met = sum(slo.met_by(t) for t in timings) if slo is not None else math.nan
