@@ -14,8 +14,9 @@ them apart:
 
 ``serve_point`` prices a system of N chips working as one (ideal tensor parallelism: nothing
 is charged for moving activations between chips, which for SRAM systems of hundreds of chips is
-what really sets the speed) decoding B sequences of C tokens: per step at least
-max(FLOPs / (N peak), bytes / (N beta)); each user gets one token per step, each chip B / N.
+what really sets the speed) decoding B sequences of C tokens: per step the course's step-time
+model (``inferlab.analysis.step_time``: each kernel on its own roofline over 1/N of its work,
+summed); each user gets one token per step, each chip B / N.
 ``frontier`` walks the batch up to what fits, which draws the trade: more sequences per step
 buy throughput per chip with speed per user, and a chip that holds little memory cannot buy
 much of it.

@@ -28,14 +28,15 @@ from pathlib import Path
 from inferlab.analysis import formulas
 from inferlab.analysis.capacity import kv_blocks_for_device
 from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import StepModel
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.analysis.step_time import StepModel
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, Workload,
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState,
     capacity_at_slo, capacity_from_dict, capacity_to_dict, state_from_dict, state_to_dict,
     steady_state)
+from inferlab.sim.workloads import Workload
 
 NAME = "ch04_steady_state.json"
 
