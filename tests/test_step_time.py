@@ -113,3 +113,13 @@ def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
 
 def test_blocks_for_tokens_is_a_ceiling():
     assert [blocks_for(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-3-8b", "qwen2.5-7b"])
+def test_what_a_step_reads_is_formulas_decode_bytes_and_the_memory_held_includes_the_embedding(name):
+    # one meaning each: formulas.weight_bytes is what the weights occupy (input embedding
+    # included); a step reads the linear layers and the LM head (formulas.decode_bytes_per_step)
+    config = ModelConfig.from_name(name)
+    model = StepModel.for_device(config, "H100 SXM", "int4 weights")
+    assert model.weight_bytes_read() == formulas.decode_bytes_per_step(config, 0.5)
+    assert formulas.weight_bytes(config, 0.5) >= model.weight_bytes_read()
