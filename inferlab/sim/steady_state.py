@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.serving.request import Request
