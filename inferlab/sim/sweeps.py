@@ -84,7 +84,8 @@ class SweepSetup:
                 "memory": spec.memory, "weight_bytes": formulas.decode_bytes_per_step(config),
                 "kv_bytes_per_token": formulas.kv_bytes_per_token(config),
                 "num_blocks": self.serving("continuous").num_blocks,
-                "mean_lengths": list(self.workload().mean_lengths)}
+                "mean_lengths": list(self.workload().mean_lengths),
+                "step_model": asdict(self.costs())}   # the step-time model's numbers
 
     def state(self, policy: str, rate: float) -> SteadyState:
         return steady_state(self.workload(), rate, self.costs(), self.serving(policy), self.slo,
