@@ -26,7 +26,8 @@ from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked_policy
-from inferlab.sim.simulator import FittedCosts, RooflineCosts, chunk_pairs, simulate
+from inferlab.analysis.step_time import StepModel
+from inferlab.sim.simulator import FittedCosts, chunk_pairs, simulate
 
 
 @lru_cache(maxsize=None)
@@ -256,13 +257,15 @@ def test_a_packed_forward_refuses_positions_beyond_the_table():
 
 # -- cost models and the simulator --------------------------------------------------------------
 def test_roofline_chunked_step_reduces_to_prefill_and_decode():
-    costs = RooflineCosts.for_device(ModelConfig.from_name("llama-2-7b"),
+    costs = StepModel.for_device(ModelConfig.from_name("llama-2-7b"),
                                      get_device_spec("A100 80GB SXM"))
     assert costs.step_s([(512, 0)], 0, 0) == pytest.approx(costs.prefill_s(512))
     assert costs.step_s([], 32, 16000) == pytest.approx(costs.decode_s(32, 16000))
-    # a chunk rides along a memory-bound decode step for much less than its own prefill
+    # a chunk rides along a decode step for less than its own prefill (the weights are read
+    # once for both), but not for free: past the ridge its tokens' arithmetic adds its own time,
+    # which the attention reads of the decodes do not hide
     extra = costs.step_s([(256, 0)], 32, 16000) - costs.decode_s(32, 16000)
-    assert 0 < extra < 0.5 * costs.prefill_s(256)
+    assert 0.3 * costs.prefill_s(256) < extra < costs.prefill_s(256)
     assert chunk_pairs([(2, 3)]) == 2 * 3 + 3  # token 1 sees 4 keys, token 2 sees 5
 
 
@@ -290,7 +293,7 @@ def test_fitted_chunked_costs_recover_known_coefficients_and_fit_a_chunked_log()
 
 
 def test_simulated_chunking_bounds_the_stall_a_long_prompt_causes():
-    costs = RooflineCosts.for_device(ModelConfig.from_name("llama-2-7b"),
+    costs = StepModel.for_device(ModelConfig.from_name("llama-2-7b"),
                                      get_device_spec("A100 80GB SXM"))
     decodes = [Request((0,) * 100, 200, 0.0) for _ in range(16)]
     long_ = [Request((0,) * 4000, 4, 0.05 * (i + 1)) for i in range(3)]

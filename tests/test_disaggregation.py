@@ -15,11 +15,12 @@ from inferlab.serving.request import Request
 from inferlab.sim import workloads
 from inferlab.sim.disaggregation import Cluster, Failure, designs, simulate_cluster
 from inferlab.sim.goodput import achieved_rate, attainment_curve, goodput_rate, steady_summary
-from inferlab.sim.simulator import FittedCosts, RooflineCosts
+from inferlab.analysis.step_time import StepModel
+from inferlab.sim.simulator import FittedCosts
 
 LLAMA13 = ModelConfig.from_name("llama-2-13b")
 A100 = get_device_spec("A100 80GB SXM")
-COSTS = RooflineCosts.for_device(LLAMA13, A100)
+COSTS = StepModel.for_device(LLAMA13, A100)
 KV = formulas.kv_bytes_per_token(LLAMA13)
 BASE = ServingConfig(num_blocks=4000, max_batch=64)
 PREFILL = BASE.replace(policy="chunked", token_budget=4096)

@@ -70,7 +70,7 @@ def test_the_first_chapters_see_the_same_devices_as_before():
 
 def test_chips_to_hold_a_70b_model():
     config = ModelConfig.from_name("llama-3-70b")
-    w = weight_bytes(config, "bf16", read_per_step=False)
+    w = weight_bytes(config, "bf16")
     assert chips.chips_for_bytes(w, 0, 220e6) == math.ceil(w / 220e6)
     assert chips.chips_to_hold(config, "Groq LPU") == math.ceil(w / 0.22e9) > 600
     assert chips.chips_to_hold(config, "Cerebras WSE-3") == 4
@@ -96,9 +96,11 @@ def test_the_trade_between_a_users_speed_and_a_chips_throughput():
     full = pts[-1]
     assert full.batch == chips.max_batch(ModelConfig.from_name("llama-3-70b"),
                                          get_device_spec("H100 SXM"), 8, 2048)
-    # with the memory full, each step reads all of it: a user gets about beta / S tokens/s
-    assert full.tokens_per_s_per_user == pytest.approx(chips.passes_per_second("H100 SXM"),
-                                                       rel=0.02)
+    # with the memory full, each step reads all of it: a user gets at most about beta / S
+    # tokens/s, less once the matmuls' arithmetic (which runs after the reads, not beneath
+    # them) adds its own time
+    assert full.tokens_per_s_per_user <= 1.02 * chips.passes_per_second("H100 SXM")
+    assert full.tokens_per_s_per_user > 0.5 * chips.passes_per_second("H100 SXM")
     with pytest.raises(ValueError, match="no 16-bit peak"):
         chips.serve_point("llama-3-70b", "Cerebras WSE-3", 4, 1, 2048)
     with pytest.raises(ValueError, match="do not fit"):

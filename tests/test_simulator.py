@@ -14,7 +14,8 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.metrics import static_slot_utilisation
 from inferlab.serving.request import Request
-from inferlab.sim.simulator import FittedCosts, RooflineCosts, simulate
+from inferlab.analysis.step_time import StepModel
+from inferlab.sim.simulator import FittedCosts, simulate
 from inferlab.sim.traces import TraceRow, trace_requests
 
 
@@ -96,25 +97,26 @@ def test_the_simulator_makes_the_engine_s_decisions():
     assert min(fit.prefill + fit.decode) >= 0 and fit.decode_s(4, 100) > 0
 
 
-def test_roofline_costs_are_the_bounds_of_formulas():
+def test_the_simulators_table_costs_are_the_step_time_model():
+    """The simulator's CostModel on a table device is ``step_time.StepModel`` (its kernels are
+    checked by hand in tests/test_step_time.py); here, what the simulator relies on."""
     llama = ModelConfig.from_name("llama-2-7b")
     h100 = get_device_spec("H100 SXM")
-    costs = RooflineCosts.for_device(llama, h100)
+    costs = StepModel.for_device(llama, h100)
     weights = formulas.decode_bytes_per_step(llama, "bfloat16")
-    # batch 1, empty context: reading the weights once, at the bandwidth
-    assert costs.decode_s(1, 0) == pytest.approx(weights / h100.bandwidth)
-    # the KV cache read adds its bytes
     kv = formulas.kv_bytes_per_token(llama, "bfloat16")
-    assert costs.decode_s(1, 1000) == pytest.approx((weights + 1000 * kv) / h100.bandwidth)
-    # far past the critical batch, decode is compute-bound
-    big = 4096
-    assert costs.decode_s(big, 0) == pytest.approx(big * formulas.flops_per_token(llama) / h100.peak_bf16)
-    # a long prompt is compute-bound, and costs at least 2 x params x T FLOPs
-    assert costs.prefill_s(2048) > 2048 * formulas.flops_per_token(llama) / h100.peak_bf16
-    slow = RooflineCosts.for_device(llama, h100, efficiency=0.5, overhead_s=1e-3)
+    # batch 1: the weights, the context read and the new token's K/V written, at the bandwidth
+    assert costs.decode_s(1, 1000) == pytest.approx((weights + 1001 * kv) / h100.bandwidth)
+    # a decode step is a chunked step without chunks
+    assert costs.step_s((), 8, 4000) == costs.decode_s(8, 4000)
+    # far past the critical batch the matmuls are compute-bound: at least their FLOPs
+    assert costs.decode_s(4096, 0) > 4096 * formulas.flops_per_token(llama) / h100.peak_bf16 * 0.99
+    # a long prompt costs at least 2 x params x T FLOPs
+    assert costs.prefill_s(2048) > 2048 * 2 * formulas.param_count(llama, False) / h100.peak_bf16
+    slow = StepModel.for_device(llama, h100, efficiency=0.5, overhead_s=1e-3)
     assert slow.decode_s(1, 0) == pytest.approx(2 * costs.decode_s(1, 0) + 1e-3)
     with pytest.raises(ValueError, match="no bfloat16 peak"):
-        RooflineCosts.for_device(llama, get_device_spec("T4"))
+        StepModel.for_device(llama, get_device_spec("T4"))
 
 
 def test_kv_blocks_for_a_table_device():

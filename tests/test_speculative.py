@@ -225,17 +225,41 @@ def test_acceptance_needed_inverts_speedup():
 
 def test_batched_speedup_falls_to_a_crossover_near_the_critical_batch():
     from inferlab.analysis import formulas
+    from inferlab.analysis.step_time import StepModel
 
     config = ModelConfig.from_name("llama-2-7b")
     roof = Roof("H100", 989e12, 3.35e12)
+    target = StepModel.for_roof(config, roof.peak_flops, roof.bandwidth)
     a, k, c = 0.8, 4, 0.05
-    assert speculation.batched_speedup(config, roof, 1, a, k, c) == \
-        pytest.approx(speculation.speedup(a, k, c), rel=1e-6)
-    b = speculation.crossover_batch(config, roof, a, k, c)
+    assert speculation.batched_speedup(target, 1, a, k, c) == \
+        pytest.approx(speculation.speedup(a, k, c), rel=1e-3)
+    b = speculation.crossover_batch(target, a, k, c)
     critical = formulas.critical_batch_size(roof.peak_flops, roof.bandwidth)
     assert critical / (k + 1) < b < critical  # verification turns compute-bound first
-    assert speculation.batched_speedup(config, roof, b, a, k, c) <= 1 < \
-        speculation.batched_speedup(config, roof, b - 1, a, k, c)
+    assert speculation.batched_speedup(target, b, a, k, c) <= 1 < \
+        speculation.batched_speedup(target, b - 1, a, k, c)
+
+
+def test_long_contexts_keep_speculation_paying_at_batch():
+    """The cache reads batching cannot share keep a large batch memory-bound (MagicDec's
+    regime): at 4,000 tokens of context the crossover moves far past the short-context one."""
+    from inferlab.analysis.step_time import StepModel
+
+    target = StepModel.for_device(ModelConfig.from_name("llama-2-7b"), "H100 SXM")
+    short = speculation.crossover_batch(target, 0.8, 4, 0.05)
+    long = speculation.crossover_batch(target, 0.8, 4, 0.05, context=4000)
+    assert long is None or long > 4 * short
+    assert speculation.batched_speedup(target, 256, 0.8, 4, 0.05, context=4000) > 1
+
+
+def test_a_verification_pass_prices_its_tokens_kernel_by_kernel():
+    from inferlab.analysis.step_time import Shape, StepModel
+
+    target = StepModel.for_device(ModelConfig.from_name("llama-2-7b"), "H100 SXM")
+    # 8 sequences x (k + 1 = 5) tokens after 100 cached: logits at all 40 positions, 8 cache reads
+    t = speculation.pass_seconds(target, 5, 100, batch=8)
+    shape = Shape(tokens=40, rows=40, pairs=8 * (5 * 100 + 15), kv_read=8 * 105, kv_written=40)
+    assert t == pytest.approx(target.seconds(shape))
 
 
 @pytest.mark.parametrize("bad", [dict(a=1.2, k=2), dict(a=0.5, k=-1), dict(a=0.5, k=1.5)])

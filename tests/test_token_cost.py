@@ -15,7 +15,6 @@ from inferlab.analysis.cost_calculator import calculate, plot_calculation
 from inferlab.analysis.figures import figure_problems
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
-from inferlab.sim.simulator import RooflineCosts
 from inferlab.sim.steady_state import measure, Workload
 
 
@@ -27,11 +26,16 @@ def test_floor_matches_a_hand_computation_llama2_7b_on_a100_batch_1():
     read = (params - 32000 * 4096) * 2                   # all but the input embedding, 2 B each
     kv = 2 * 32 * 32 * 128 * 2                           # K and V, layers, KV heads, dim, 2 B
     bandwidth, peak, price = 2039e9, 312e12, 4.00        # A100 80GB SXM; $4/h, given
-    step = (read + 1 * 150 * kv) / bandwidth              # batch 1, 100 + 100/2 tokens of context
+    # batch 1 at 100 + 100/2 tokens of context: every kernel reads memory (the linear layers
+    # and the LM head their weights, attention 150 cached tokens and writes one)
+    step = (read + 151 * kv) / bandwidth
     assert 2 * read / 2 / peak < step                    # memory-bound: the FLOPs would take less
     out = price / 3600 * step / 1 * 1e6
-    prefill_flops = 100 * 2 * (read / 2) + 4 * 32 * 32 * 128 * 100 * 101 / 2
-    prefill = max(prefill_flops / peak, (read + 100 * kv) / bandwidth)
+    # a prefill of 100: the matmuls still read-bound at 100 tokens, attention reads and writes
+    # the prompt's K/V, the LM head reads its weights for the one position sampled
+    linear = read / 2 - 32000 * 4096
+    assert 2 * linear * 100 / peak < linear * 2 / bandwidth
+    prefill = (read + 200 * kv) / bandwidth
     inp = price / 3600 * prefill / 100 * 1e6
     floor = tc.CostCase("llama-2-7b", "A100 80GB SXM", prompt=100, output=100).floor(1, price)
     assert floor.usd_per_m_output == pytest.approx(out, rel=1e-9)
@@ -45,31 +49,20 @@ def test_floor_matches_a_hand_computation_llama3_8b_on_h100_batch_64():
     params = 32 * layer + 4096 + 2 * 128256 * 4096
     assert params == 8_030_261_248
     read = (params - 128256 * 4096) * 2
+    linear, head = read / 2 - 128256 * 4096, 128256 * 4096
     kv = 2 * 32 * 8 * 128 * 2
     bandwidth, peak, price = 3350e9, 989e12, 6.88        # H100 SXM; the AWS row of prices.csv
     context = 1000 + 250 / 2
-    step = max((64 * read + 4 * 32 * 32 * 128 * 64 * context) / peak,
-               (read + 64 * context * kv) / bandwidth)
+    # batch 64 (below the ridge, 295): each kernel memory-bound, summed
+    step = (read + (64 * context + 64) * kv) / bandwidth
     out = price / 3600 * step / 64 * 1e6
-    prefill = max((1000 * read + 4 * 32 * 32 * 128 * 1000 * 1001 / 2) / peak,
-                  (read + 1000 * kv) / bandwidth)
+    # a 1,000-token prefill: matmuls and attention compute-bound, the LM head a read
+    prefill = ((2 * linear * 1000 + 4 * 32 * 32 * 128 * 1000 * 1001 / 2) / peak
+               + head * 2 / bandwidth)
     inp = price / 3600 * prefill / 1000 * 1e6
     floor = tc.CostCase().floor(64, price)
     assert floor.usd_per_m_output == pytest.approx(out, rel=1e-9)
     assert floor.usd_per_m_input == pytest.approx(inp, rel=1e-9)
-    assert tc.bandwidth_floor_usd_per_m(read, kv, bandwidth, 64, 1125, price) == \
-        pytest.approx(out, rel=1e-9)
-
-
-@pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b"])
-def test_step_costs_in_bf16_are_the_simulators_roofline_costs(model):
-    config, spec = ModelConfig.from_name(model), get_device_spec("H100 SXM")
-    ours, theirs = tc.StepCosts.for_device(config, spec), RooflineCosts.for_device(config, spec)
-    for n in (1, 17, 500, 4096, 6000):
-        assert ours.prefill_s(n) == pytest.approx(theirs.prefill_s(n), rel=1e-12)
-    for batch, context in ((1, 1), (8, 4000), (256, 300_000)):
-        assert ours.decode_s(batch, context) == pytest.approx(theirs.decode_s(batch, context),
-                                                              rel=1e-12)
 
 
 def test_precision_moves_bytes_and_groups_hold_the_model():
@@ -81,9 +74,11 @@ def test_precision_moves_bytes_and_groups_hold_the_model():
     assert tc.group_size(config, "H100 SXM") == 4       # 141 GB: 2 x 80 GB leaves too little
     assert tc.group_size(config, "B200") == 2
     assert tc.group_size(config, "H100 SXM", "int4 weights") == 1
-    group = tc.device_group("H100 SXM", 4)
+    costs = tc.CostCase(model="llama-3-70b").costs()
+    assert costs.devices == 4 and costs.link == 450e9      # split over NVLink
     # the memory a program can have on each H100 (nvidia-smi total less the driver's reserve)
-    assert group.bandwidth == 4 * 3350e9 and group.memory == 4 * (81559 - 454) * 2**20
+    case = tc.CostCase(model="llama-3-70b")
+    assert case.spec().memory == (81559 - 454) * 2**20 and case.spec().bandwidth == 3350e9
     with pytest.raises(ValueError, match="unknown precision"):
         tc.precision("int3")
 
@@ -163,3 +158,28 @@ def test_cost_table_and_calculator(stored, capsys):
     assert figure_problems(ax.figure) == []
     unstored = calculate(tc.CostCase(prompt=123))
     assert unstored.simulated is None and "not stored" in str(unstored)
+
+
+def test_a_chunked_run_splits_its_forwards_between_prefill_and_decode():
+    """A chunked step is one forward, split between the phases by the tokens each put through
+    it: every busy second is counted once, and input tokens cost about what a whole-prompt
+    prefill makes them cost."""
+    from inferlab.serving.config import ServingConfig
+    from inferlab.sim.simulator import simulate
+
+    case = tc.CostCase(prompt=400, output=100)
+    requests = Workload.fixed(400, 100).requests(600, 10.0)
+    whole = measure(requests, case.costs(), case.serving(), case.slo)
+    config = ServingConfig(num_blocks=case.serving().num_blocks, max_batch=256,
+                           policy="chunked", token_budget=256)
+    chunked = measure(requests, case.costs(), config, case.slo)   # warm-up 0.2, cool-down 0.1
+    end = max(r.arrival_s for r in requests)
+    busy = sum(it.end_s - it.start_s for it in simulate(requests, case.costs(), config).iterations
+               if 0.2 * end <= it.start_s < 0.9 * end)
+    assert any(it.chunks for it in simulate(requests, case.costs(), config).iterations)
+    assert chunked.prefill_s > 0 and chunked.decode_s > 0
+    assert chunked.prefill_s + chunked.decode_s == pytest.approx(busy, rel=1e-9)
+    # the input tokens' price is the prefill's in both designs (up to the chunks' re-reads and
+    # the weight reads they share with the decodes)
+    in_whole, in_chunked = tc.window_costs(whole, 3.6)[0], tc.window_costs(chunked, 3.6)[0]
+    assert 0.5 * in_whole < in_chunked < 2 * in_whole

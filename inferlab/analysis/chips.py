@@ -14,8 +14,9 @@ them apart:
 
 ``serve_point`` prices a system of N chips working as one (ideal tensor parallelism: nothing
 is charged for moving activations between chips, which for SRAM systems of hundreds of chips is
-what really sets the speed) decoding B sequences of C tokens: per step at least
-max(FLOPs / (N peak), bytes / (N beta)); each user gets one token per step, each chip B / N.
+what really sets the speed) decoding B sequences of C tokens: per step the course's step-time
+model (``inferlab.analysis.step_time``: each kernel on its own roofline over 1/N of its work,
+summed); each user gets one token per step, each chip B / N.
 ``frontier`` walks the batch up to what fits, which draws the trade: more sequences per step
 buy throughput per chip with speed per user, and a chip that holds little memory cannot buy
 much of it.
@@ -24,10 +25,10 @@ much of it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from inferlab.analysis import formulas
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
+from inferlab.analysis.step_time import Shape, StepModel, precision
 from inferlab.analysis.token_cost import kv_bytes_per_token, weight_bytes
 from inferlab.model.config import ModelConfig
 
@@ -61,7 +62,7 @@ def chips_to_hold(model: str | ModelConfig, device: str | DeviceSpec, prec="bf16
                   kv_tokens: int = 0) -> int:
     """Chips whose memory together holds the weights and ``kv_tokens`` tokens of K/V."""
     config = ModelConfig.from_name(model) if isinstance(model, str) else model
-    return chips_for_bytes(weight_bytes(config, prec, read_per_step=False),
+    return chips_for_bytes(weight_bytes(config, prec),
                            kv_tokens * kv_bytes_per_token(config, prec), _spec(device).memory)
 
 
@@ -88,7 +89,7 @@ class ServePoint:
 def max_batch(config: ModelConfig, spec: DeviceSpec, chips: int, context: int,
               prec="bf16") -> int:
     """Sequences of ``context`` tokens whose K/V fit beside the weights on ``chips`` chips."""
-    room = chips * spec.memory - weight_bytes(config, prec, read_per_step=False)
+    room = chips * spec.memory - weight_bytes(config, prec)
     return max(0, int(room // (context * kv_bytes_per_token(config, prec))))
 
 
@@ -100,14 +101,17 @@ def serve_point(model: str | ModelConfig, device: str | DeviceSpec, chips: int, 
     if batch > max_batch(config, spec, chips, context, prec):
         raise ValueError(f"{batch} sequences of {context} tokens do not fit on {chips} "
                          f"{spec.name} beside {config.name}'s weights")
-    peak = spec.peak_flops("bfloat16") or spec.peak_flops("float16")
-    if peak is None:
+    p = precision(prec)
+    if spec.peak_flops(p.compute) is None and spec.peak_fp16 is not None:
+        p = replace(p, compute="float16")  # a chip with a 16-bit figure in FP16 only
+    if spec.peak_flops(p.compute) is None:
         raise ValueError(f"the hardware table has no 16-bit peak for {spec.name}, so the "
                          "roofline cannot bound its arithmetic")
-    nbytes = weight_bytes(config, prec) + batch * context * kv_bytes_per_token(config, prec)
-    memory = nbytes / (chips * spec.bandwidth)
-    compute = batch * formulas.flops_per_token(config, context) / (chips * peak)
-    return ServePoint(spec.name, chips, batch, context, max(memory, compute), memory >= compute)
+    model = StepModel.for_device(config, spec, p, chips, link=math.inf)  # ideal: free links
+    kernels = model.kernels(Shape.decode(batch, batch * (context + 1)))
+    memory_bound = sum(k.memory_s for k in kernels) >= sum(k.compute_s for k in kernels)
+    return ServePoint(spec.name, chips, batch, context, sum(k.seconds for k in kernels),
+                      memory_bound)
 
 
 def frontier(model: str | ModelConfig, device: str | DeviceSpec, context: int, chips: int,

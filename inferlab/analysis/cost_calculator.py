@@ -40,7 +40,7 @@ class Calculation:
 
     def __str__(self) -> str:
         c, s = self.case, self.simulated
-        lines = [f"{c.model}, {c.precision}, on {c.spec().name} at {self.price_label}; prompt "
+        lines = [f"{c.model}, {c.precision}, on {c.group_name} at {self.price_label}; prompt "
                  f"{c.prompt}, output {c.output}; SLO TTFT <= {c.ttft_s:g} s, TPOT <= "
                  f"{c.tpot_s * 1e3:g} ms for {c.target:.0%}",
                  f"  roofline at batch 1:        ${self.at_batch_1.usd_per_m_input:8.3f}/M in, "
@@ -79,7 +79,7 @@ def calculate(case: CostCase, usd_per_device_hour: float = 0.0, simulate: bool =
     except (KeyError, FileNotFoundError):
         capacity, stored = (case.capacity(**search) if simulate else None), False
     sim = None if capacity is None else case.priced(capacity, usd_per_device_hour)
-    full = max(1, min(case.max_batch, max_batch(case.config(), case.spec(), 1,
+    full = max(1, min(case.max_batch, max_batch(case.config(), case.spec(), case.devices,
                                                  case.prompt + case.output, case.precision)))
     at_sim = None
     if sim is not None and sim.ok:
@@ -112,7 +112,7 @@ def plot_calculation(calc: Calculation | None = None, ax=None):
     plain_log_ticks(ax, "y")
     ax.set_ylabel("dollars per million tokens")
     c = calc.case
-    ax.set_title(f"{c.model} on {c.spec().name}, {c.prompt} in / {c.output} out, "
+    ax.set_title(f"{c.model} on {c.group_name}, {c.prompt} in / {c.output} out, "
                  f"TPOT <= {c.tpot_s * 1e3:g} ms", fontsize="medium")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     legend_outside(ax)

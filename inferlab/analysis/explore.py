@@ -8,9 +8,10 @@ size, a dtype and a context length. One decode step then
 - does ``batch`` x ``formulas.flops_per_token`` FLOPs.
 
 FLOPs over bytes is the step's arithmetic intensity, which places it on the device's roofline
-(Williams et al. 2009). The step cannot take less than bytes / bandwidth
-(``formulas.decode_time_floor``) nor FLOPs / peak, so the batch's tokens/s ceiling is
-``batch`` / the larger of the two. ``decode_point`` computes all of it as plain numbers;
+(Williams et al. 2009). Its time is the course's step-time model
+(``inferlab.analysis.step_time``): the linear layers, attention and the LM head each on their
+own roofline, summed, since they run one after another; the batch's tokens/s ceiling is
+``batch`` over that time. ``decode_point`` computes all of it as plain numbers;
 ``plot_explorer`` draws the site's static figure; ``roofline_widget`` is the ipywidgets version a
 notebook shows (``show_roofline`` picks whichever is available). The KV capacity calculator is
 ``inferlab.analysis.capacity``.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from inferlab.analysis import formulas
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
+from inferlab.analysis.step_time import Shape, StepModel
 from inferlab.model.config import ModelConfig, model_presets
 from inferlab.analysis.widgets import redrawing, widget_or_figure
 
@@ -52,6 +54,7 @@ class DecodePoint:
     memory_time: float          # decode_time_floor(bytes, bandwidth)
     compute_time: float | None  # flops / peak
     device_memory: float | None
+    kernels: tuple = ()         # step_time.Kernel per kernel class: the step's time
 
     @property
     def bytes(self) -> float:
@@ -67,8 +70,8 @@ class DecodePoint:
 
     @property
     def step_time(self) -> float:
-        """Least seconds a step can take: the slower of moving its bytes and doing its FLOPs."""
-        return max(self.memory_time, self.compute_time or 0.0)
+        """Least seconds a step can take: each kernel's roofline, summed (``step_time``)."""
+        return float(sum(k.seconds for k in self.kernels))
 
     @property
     def tokens_per_s(self) -> float:
@@ -82,10 +85,10 @@ class DecodePoint:
 
     @property
     def bound(self) -> str:
-        """"memory" or "compute": which floor sets the step time (memory without a peak figure)."""
-        if self.compute_time is None:
-            return "memory"
-        return "compute" if self.compute_time > self.memory_time else "memory"
+        """"memory" or "compute": what most of the step's time waits on, kernel by kernel
+        (memory without a peak figure)."""
+        compute = sum(k.seconds for k in self.kernels if k.bound == "compute")
+        return "compute" if compute > self.step_time / 2 else "memory"
 
     @property
     def fits(self) -> bool | None:
@@ -144,11 +147,14 @@ def decode_point(device: DeviceSpec | str, model: ModelConfig | str, batch: int 
     weights = formulas.decode_bytes_per_step(config, dtype)
     kv = formulas.kv_bytes(config, context, dtype, batch)
     flops = batch * formulas.flops_per_token(config, context)
+    model = StepModel.for_roof(config, peak, spec.bandwidth, dtype)
+    kernels = tuple(model.kernels(Shape.of_rows([(1, context)] * batch, model.attention.window)))
     return DecodePoint(
         device=spec.name, model=config.name, dtype=dtype, batch=batch, context=context,
         bandwidth=spec.bandwidth, peak_flops=peak, weight_bytes=weights, kv_bytes=kv,
         flops=flops, memory_time=formulas.decode_time_floor(weights + kv, spec.bandwidth),
-        compute_time=None if peak is None else flops / peak, device_memory=spec.memory)
+        compute_time=None if peak is None else flops / peak, device_memory=spec.memory,
+        kernels=kernels)
 
 
 def decode_sweep(device, model, dtype: str = "bfloat16", context: int = 0,
@@ -194,7 +200,7 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
     left.set_title(f"{point.model}, context {context:,}: one decode step")
 
     right.plot([p.batch for p in sweep], [p.tokens_per_s for p in sweep], ".-", color="C1",
-               label="ceiling: batch / max(bytes/bandwidth, FLOPs/peak)")
+               label="ceiling: batch / sum of the kernels' rooflines")
     memory_only = [p.batch / p.memory_time for p in sweep]
     right.plot([p.batch for p in sweep], memory_only, ":", color="C0",
                label="bandwidth alone (bytes / bandwidth)")

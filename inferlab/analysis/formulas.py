@@ -25,6 +25,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from inferlab.model.config import ModelConfig
 
 
+def element_bytes(dtype) -> float:
+    """Bytes per number: a dtype's name (or torch dtype), or a number of bytes itself (0.5 for
+    4-bit weights), so that quantized formats go through the same formulas."""
+    if isinstance(dtype, (int, float)) and not isinstance(dtype, bool):
+        if dtype <= 0:
+            raise ValueError(f"bytes per element must be > 0, got {dtype}")
+        return dtype
+    return bytes_per_element(dtype)
+
+
 def param_count(config: "ModelConfig", include_embeddings: bool = True) -> int:
     """Parameters of a Llama-architecture model with ``config``'s shape.
 
@@ -45,8 +55,10 @@ def param_count(config: "ModelConfig", include_embeddings: bool = True) -> int:
 
 
 def weight_bytes(config: "ModelConfig", dtype="bfloat16", include_embeddings: bool = True) -> int:
-    """Bytes the weights occupy in ``dtype``."""
-    return param_count(config, include_embeddings) * bytes_per_element(dtype)
+    """Bytes the weights occupy in ``dtype`` (a dtype name or bytes per weight): the input
+    embedding included, since it sits in memory. What a step reads is
+    ``decode_bytes_per_step`` (and, per kernel, ``inferlab.analysis.step_time``)."""
+    return param_count(config, include_embeddings) * element_bytes(dtype)
 
 
 def decode_bytes_per_step(config: "ModelConfig", dtype="bfloat16") -> int:
@@ -60,7 +72,7 @@ def decode_bytes_per_step(config: "ModelConfig", dtype="bfloat16") -> int:
     params = param_count(config, include_embeddings=True)
     if not config.tie_embeddings:
         params -= embed
-    return params * bytes_per_element(dtype)
+    return params * element_bytes(dtype)
 
 
 def quantized_bytes_per_weight(bits: int, group_size: int, scale_bytes: float = 2.0,
@@ -113,8 +125,10 @@ def flops_per_token(config: "ModelConfig", context: int = 0) -> int:
 
 
 def kv_bytes_per_token(config: "ModelConfig", dtype="bfloat16") -> int:
-    """KV-cache bytes one token occupies: 2 (K and V) x layers x KV heads x head_dim x bytes."""
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_element(dtype)
+    """KV-cache bytes one token occupies: 2 (K and V) x layers x KV heads x head_dim x bytes.
+
+    The course's one home for this number: ``dtype`` is a dtype name or bytes per number."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element_bytes(dtype)
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:

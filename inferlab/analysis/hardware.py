@@ -57,11 +57,15 @@ class DeviceSpec:
     memory_nominal: float | None = None   # bytes, the datasheet's size read as decimal GB
     memory_reserved: float | None = None  # bytes the driver keeps (nvidia-smi "Reserved")
     memory_source: str = ""    # where the reported size and reserve were read; "" if nominal
+    peak_fp8: float | None = None  # FLOP/s, dense, FP8 tensor cores
+    peak_fp4: float | None = None  # FLOP/s, dense, FP4 tensor cores
+    gpu_link: str = ""         # the GPU-to-GPU link of data/links.csv its servers use
 
     def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
         name = str(dtype).removeprefix("torch.")
-        return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16}.get(name)
+        return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16, "fp8": self.peak_fp8,
+                "float8_e4m3fn": self.peak_fp8, "fp4": self.peak_fp4}.get(name)
 
     def ridge_point(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Peak FLOP/s over bandwidth, in FLOP per byte (None without a peak figure)."""
@@ -114,6 +118,9 @@ def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, De
             memory_nominal=_number(row["memory_gb"], 1e9),
             memory_reserved=reserved,
             memory_source=row.get("memory_source", "") or "",
+            peak_fp8=_number(row.get("peak_fp8_tflops", ""), 1e12),
+            peak_fp4=_number(row.get("peak_fp4_tflops", ""), 1e12),
+            gpu_link=row.get("gpu_link", ""),
         )
     return specs
 

@@ -90,3 +90,14 @@ def decode_attention_intensity(shape: MLAShape, dtype="bfloat16") -> float:
     r, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
     flops = shape.n_heads * (2 * (r + rope) + 2 * r)
     return flops / (shape.cached_per_layer * bytes_per_element(dtype))
+
+
+def attention_cost(shape: MLAShape, dtype="bfloat16"):
+    """MLA's attention for the step-time model (``inferlab.analysis.step_time.Attention``):
+    the latent cache's bytes per token, and per (query, key) pair and layer H x (2 (r + R) + 2 r)
+    FLOPs with the up-projections absorbed (``decode_attention_intensity``)."""
+    from inferlab.analysis.step_time import Attention
+
+    r, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
+    return Attention(kv_bytes_per_token(shape, dtype),
+                     shape.n_layers * shape.n_heads * (2 * (r + rope) + 2 * r))

@@ -1,12 +1,12 @@
 """Lower bounds on one request's time from the roofline: its prefill, its decode, and what it
 costs to bring back a preempted request's KV cache by recomputing it or by moving it over a link.
 
-Each bound is the roofline's: a forward pass takes at least max(FLOPs / peak, bytes / bandwidth)
-(Williams, Waterman and Patterson 2009), with the FLOPs and bytes of ``inferlab.analysis.formulas``.
+Each bound is the course's step-time model (``inferlab.analysis.step_time``): every kernel of a
+forward pass on its own roofline (Williams, Waterman and Patterson 2009), summed.
 
-- ``prefill_time``: one pass over a prompt of P tokens. FLOPs: every weight matmul for every
-  token plus causal attention (``formulas.recompute_flops``); bytes: the weights once and the
-  prompt's keys and values written. It is compute-bound once P is well past the ridge point.
+- ``prefill_time``: one pass over a prompt of P tokens: every weight matmul for every token
+  plus causal attention, the weights read once and the prompt's keys and values written. It is
+  compute-bound once P is well past the ridge point.
 - ``decode_step_time``: one token for each of B sequences holding C tokens of cache each.
 - ``request_phases``: a request served alone, prompt P and answer N: the first token comes out
   of the prefill, the other N - 1 out of decode steps whose cache grows by one token each.
@@ -22,47 +22,38 @@ from __future__ import annotations
 import numpy as np
 
 from inferlab.analysis import formulas
+from inferlab.analysis.step_time import Shape, StepModel
 from inferlab.data import read_table
 from inferlab.validation import positive
 
 
-def roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
-    """Least time for ``flops`` FLOPs on ``nbytes`` bytes: max(FLOPs / peak, bytes / bandwidth)."""
+def _model(config, peak_flops: float, bandwidth: float, dtype) -> StepModel:
     positive(peak_flops=peak_flops, bandwidth=bandwidth)
-    return max(flops / peak_flops, nbytes / bandwidth)
+    return StepModel.for_roof(config, peak_flops, bandwidth, dtype)
 
 
 def prefill_time(config, prompt: int, peak_flops: float, bandwidth: float,
                  dtype="bfloat16") -> float:
     """Least time of one prefill of ``prompt`` tokens (weights and cache in ``dtype``)."""
-    flops = formulas.recompute_flops(config, prompt)
-    nbytes = formulas.decode_bytes_per_step(config, dtype) + formulas.kv_bytes(config, prompt, dtype)
-    return roofline_time(flops, nbytes, peak_flops, bandwidth)
+    return _model(config, peak_flops, bandwidth, dtype).prefill_s(prompt)
 
 
 def decode_step_time(config, context: int, peak_flops: float, bandwidth: float,
                      dtype="bfloat16", batch: int = 1) -> float:
-    """Least time of one decode step: ``batch`` sequences, each reading ``context`` cached tokens."""
-    flops = batch * formulas.flops_per_token(config, context)
-    nbytes = formulas.decode_bytes_per_step(config, dtype) + formulas.kv_bytes(config, context,
-                                                                               dtype, batch)
-    return roofline_time(flops, nbytes, peak_flops, bandwidth)
+    """Least time of one decode step: ``batch`` sequences, each with ``context`` cached tokens
+    (its new token's K/V is written and read besides)."""
+    return _model(config, peak_flops, bandwidth, dtype).rows_s([(1, context)] * batch)
 
 
 def _decode_total(config, prompt: int, output: int, peak_flops: float, bandwidth: float,
                   dtype) -> float:
-    """Sum of the N - 1 decode steps after the prefill, the k-th reading P + k - 1 cached tokens."""
+    """Sum of the N - 1 decode steps after the prefill, the k-th with P + k - 1 cached tokens
+    (priced all at once: one decode row per step)."""
     if output <= 1:
         return 0.0
-    context = prompt + np.arange(output - 1)
-    window = getattr(config, "sliding_window", None)
-    held = context if window is None else np.minimum(context, window)
-    per_token = formulas.flops_per_token(config, 0)
-    attention = formulas.flops_per_token(config, 1) - per_token   # FLOPs per cached token read
-    flops = per_token + attention * held
-    nbytes = (formulas.decode_bytes_per_step(config, dtype)
-              + held * formulas.kv_bytes_per_token(config, dtype))
-    return float(np.maximum(flops / peak_flops, nbytes / bandwidth).sum())
+    model = _model(config, peak_flops, bandwidth, dtype)
+    cached = prompt + np.arange(output - 1)
+    return float(np.sum(model.seconds(Shape.decode_rows(cached, model.attention.window))))
 
 
 def request_phases(config, prompt: int, output: int, peak_flops: float, bandwidth: float,

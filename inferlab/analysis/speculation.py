@@ -11,20 +11,22 @@ tokens. If a draft step costs c target steps and verifying k + 1 tokens costs on
 (true while the pass is memory-bound), the wall-clock speed-up over plain decoding is
 E(a, k) / (k c + 1) (their Theorem 3.8). Chen et al. (2023) derive the same accounting.
 
-The last functions drop the "verification costs one step" assumption and time each pass on a
-roofline (``inferlab.analysis.roofline``): a pass over n tokens of a model with P parameters
-takes max(weight bytes / bandwidth, 2 P n / peak). At batch 1 verifying k + 1 tokens is nearly
-free; as the batch approaches the critical batch size (``formulas.critical_batch_size``) the
-target's pass turns compute-bound, its k + 1 tokens cost k + 1 times as much, and speculation
-stops paying.
+The last functions drop the "verification costs one step" assumption and time each pass with
+the course's step-time model (``inferlab.analysis.step_time``: each kernel on its own roofline,
+summed). At batch 1 verifying k + 1 tokens is nearly free; as the batch grows the linear layers
+turn compute-bound and their k + 1 tokens cost k + 1 times as much, while attention still reads
+each sequence's cache once per pass, whatever the batch: at short contexts speculation stops
+paying near the critical batch size, at long ones the cache reads keep it paying much further
+(Sadhukhan et al. 2024, MagicDec).
 """
 
 from __future__ import annotations
 
 import math
 
-from inferlab.analysis import formulas
-from inferlab.analysis.roofline import Roof
+from dataclasses import replace
+
+from inferlab.analysis.step_time import Shape, StepModel
 
 
 def _check(a: float, k: int) -> None:
@@ -69,42 +71,45 @@ def acceptance_needed(target_speedup: float, k: int, c: float, verify_cost: floa
     return hi
 
 
-def pass_seconds(params: float, weight_bytes: float, tokens: int, roof: Roof) -> float:
-    """A forward pass over ``tokens`` tokens on ``roof``: max(bytes / bandwidth, 2 P tokens / peak).
+def pass_seconds(model: StepModel, tokens: int, context: int = 0, batch: int = 1) -> float:
+    """One forward pass of ``model`` (``inferlab.analysis.step_time``) over ``batch`` sequences
+    that each verify or decode ``tokens`` new tokens after ``context`` cached ones, with logits
+    at every new position (a verification needs them all)."""
+    row = Shape.of_rows([(tokens, context)], model.attention.window)
+    return model.seconds(replace(row, rows=tokens).times(batch))
 
-    Weights only: attention's reads of the KV cache are left out (short contexts).
-    """
-    return max(weight_bytes / roof.bandwidth, 2 * params * tokens / roof.peak_flops)
 
+def batched_speedup(target: StepModel, batch: int, a: float, k: int, c: float,
+                    context: int = 0) -> float:
+    """Speculation's speed-up at ``batch`` sequences of ``context`` cached tokens each, for a
+    ``target`` step-time model and a draft ``c`` times its size in every weight and cache.
 
-def batched_speedup(config, roof: Roof, batch: int, a: float, k: int, c: float,
-                    dtype="bfloat16") -> float:
-    """Speculation's speed-up at ``batch`` sequences on a roofline, for a target shaped
-    ``config`` and a draft with ``c`` times its parameters (and bytes).
-
-    Plain decoding: ``batch`` tokens per target pass over ``batch`` tokens. Speculating: k draft
-    passes over ``batch`` tokens, then one target pass over batch x (k + 1), emitting
-    batch x E(a, k) tokens.
+    Plain decoding: one target pass of one token per sequence. Speculating: k draft passes of
+    one token per sequence, then one target pass of k + 1 tokens per sequence, emitting
+    batch x E(a, k) tokens. Each pass reads each sequence's cache once: the k + 1 verified
+    tokens share their sequence's cache read, but no two sequences share one, so at a long
+    context the cache reads, which batching does not amortise, keep a large batch memory-bound
+    and leave speculation its gain.
     """
     _check(a, k)
-    P = formulas.param_count(config)
-    W = formulas.weight_bytes(config, dtype)
-    plain = pass_seconds(P, W, batch, roof) / batch
-    draft = k * pass_seconds(c * P, c * W, batch, roof)
-    spec = (draft + pass_seconds(P, W, batch * (k + 1), roof)) / (batch * expected_tokens(a, k))
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    plain = pass_seconds(target, 1, context, batch) / batch
+    draft = k * pass_seconds(target.scaled(c), 1, context, batch)
+    spec = (draft + pass_seconds(target, k + 1, context, batch)) / (batch * expected_tokens(a, k))
     return plain / spec
 
 
-def crossover_batch(config, roof: Roof, a: float, k: int, c: float, dtype="bfloat16",
+def crossover_batch(target: StepModel, a: float, k: int, c: float, context: int = 0,
                     max_batch: int = 1 << 16) -> int | None:
     """The smallest batch at which speculating with k tokens no longer pays (speed-up <= 1),
-    or None if it still pays at ``max_batch``."""
+    or None if it still pays at ``max_batch`` (say, the most sequences that fit in memory)."""
     lo, hi = 1, max_batch
-    if batched_speedup(config, roof, lo, a, k, c, dtype) <= 1:
+    if batched_speedup(target, lo, a, k, c, context) <= 1:
         return lo
-    if batched_speedup(config, roof, hi, a, k, c, dtype) > 1:
+    if batched_speedup(target, hi, a, k, c, context) > 1:
         return None
     while hi - lo > 1:  # the speed-up falls as the batch grows
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if batched_speedup(config, roof, mid, a, k, c, dtype) > 1 else (lo, mid)
+        lo, hi = (mid, hi) if batched_speedup(target, mid, a, k, c, context) > 1 else (lo, mid)
     return hi

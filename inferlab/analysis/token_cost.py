@@ -4,23 +4,21 @@
 
 Two ways to get the tokens per second, which the cost calculator puts side by side:
 
-- ``floor``: the roofline bound at a chosen batch. A decode step of B sequences takes at least
-  max(FLOPs / peak, bytes / bandwidth) and yields B output tokens; a prefill of a P-token
-  prompt takes at least the same bound for its FLOPs and bytes and serves P input tokens.
-  Decode at a small or moderate batch is memory-bound, so this is the bandwidth floor.
+- ``floor``: the step-time model's bound at a chosen batch (``inferlab.analysis.step_time``:
+  each kernel on its own roofline, summed). A decode step of B sequences yields B output
+  tokens; a prefill of a P-token prompt serves P input tokens.
 - ``CostCase.simulate``: the steady-state simulator (``inferlab.sim.steady_state``): the
   highest Poisson arrival rate at which ``target`` of the requests meet the SLO, with every
-  step timed by the same roofline. Its window logs how much of the device's time went to
+  step timed by the same model. Its window logs how much of the device's time went to
   prefills and to decode steps; the hour's price is split between input and output tokens in
   that proportion, which is why output tokens come out dearer (a prefill reads the weights
   once for a whole prompt, a decode step once for one token of each sequence in the batch).
 
-Precision moves bytes only (``PRECISIONS``: bytes per weight and per cached K/V number; the
-arithmetic stays at the table's 16-bit peak). A model too large for one device runs on a
-``device_group`` of N devices treated as one with N times the bandwidth, FLOP/s and memory,
-and N times the price: ideal tensor parallelism, whose communication is not modelled.
-``StepCosts`` is ``inferlab.sim.simulator.RooflineCosts`` with those bytes, precomputed so
-that long simulations stay fast (``tests/test_token_cost.py`` checks the two agree).
+A precision (``inferlab.analysis.step_time.PRECISIONS``) sets the bytes per weight, per cached
+K/V number and the format of the arithmetic. A model too large for one device runs on
+``group_size`` devices split by tensor parallelism: each does 1/N of every kernel, the group
+holds N times the memory and costs N times the price, and each layer's all-reduces cross the
+device's GPU link (the step-time model's collective kernel).
 
 ``python -m inferlab.analysis.token_cost`` prints Chapter 8's cost table from the stored
 simulations (``data/simulations/ch08_costs.json``) and today's prices (``data/prices.csv``);
@@ -32,17 +30,19 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from inferlab.analysis import formulas
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
+from inferlab.analysis.step_time import PRECISIONS as _ALL, Precision, StepModel, precision
 from inferlab.analysis.prices import DevicePrice, device_price
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, Workload,
-    capacity_at_slo, capacity_from_dict, capacity_to_dict)
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
+    capacity_from_dict, capacity_to_dict)
+from inferlab.sim.workloads import Workload
 
 MILLION = 1e6
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
@@ -84,60 +84,19 @@ def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
     return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s
 
 
-@dataclass(frozen=True)
-class Precision:
-    """How many bytes a weight and a cached K/V number take."""
-
-    name: str
-    bytes_per_weight: float
-    bytes_per_kv: float
-    note: str
+# The precisions the calculator and Chapter 8 price (``inferlab.analysis.step_time`` has more).
+PRECISIONS = {name: _ALL[name] for name in
+              ("bf16", "int8 weights", "int4 weights", "fp8 weights and KV")}
 
 
-PRECISIONS = {p.name: p for p in (
-    Precision("bf16", 2, 2, "weights and KV cache in bfloat16"),
-    Precision("int8 weights", 1, 2, "weight-only int8 (W8A16); KV cache in bfloat16"),
-    Precision("int4 weights", 0.5, 2, "weight-only int4 (W4A16); KV cache in bfloat16"),
-    Precision("fp8 weights and KV", 1, 1, "8-bit weights and an 8-bit KV cache"),
-)}
-
-
-def precision(name: str | Precision) -> Precision:
-    if isinstance(name, Precision):
-        return name
-    if name not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
-    return PRECISIONS[name]
-
-
-def device_group(device: str | DeviceSpec, count: int = 1) -> DeviceSpec:
-    """``count`` devices as one: ``count`` times the bandwidth, FLOP/s and memory.
-
-    Ideal tensor parallelism: each device reads its share of every weight and cache, and the
-    all-reduces between them cost nothing. Real groups lose some of this to communication.
-    """
-    spec = get_device_spec(device) if isinstance(device, str) else device
-    if count < 1:
-        raise ValueError(f"count must be at least 1, got {count}")
-    if count == 1:
-        return spec
-    scale = lambda x: None if x is None else x * count  # noqa: E731
-    return replace(spec, name=f"{count}x {spec.name}", bandwidth=spec.bandwidth * count,
-                   peak_bf16=scale(spec.peak_bf16), peak_fp16=scale(spec.peak_fp16),
-                   memory=scale(spec.memory), match=())
-
-
-def weight_bytes(config: ModelConfig, prec: Precision | str, read_per_step: bool = True) -> float:
-    """Bytes of weights at ``prec``: those a forward pass reads (all but the input embedding,
-    ``formulas.decode_bytes_per_step``), or with ``read_per_step=False`` all of them."""
-    p = precision(prec)
-    per_param = (formulas.decode_bytes_per_step(config, "bfloat16") if read_per_step
-                 else formulas.weight_bytes(config, "bfloat16")) / 2  # bf16: 2 bytes each
-    return per_param * p.bytes_per_weight
+def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
+    """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
+    return formulas.weight_bytes(config, precision(prec).bytes_per_weight)
 
 
 def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
-    return formulas.kv_bytes_per_token(config, "bfloat16") / 2 * precision(prec).bytes_per_kv
+    """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
+    return formulas.kv_bytes_per_token(config, precision(prec).bytes_per_kv)
 
 
 KV_SHARE = 0.4  # the least share of a device group's memory left for the KV cache
@@ -148,48 +107,11 @@ def group_size(config: ModelConfig, device: str | DeviceSpec, prec="bf16",
     """The fewest devices (a power of two, as tensor parallelism wants) whose memory leaves at
     least ``kv_share`` of it for the KV cache beside the weights."""
     spec = get_device_spec(device) if isinstance(device, str) else device
-    total = weight_bytes(config, prec, read_per_step=False)
+    total = weight_bytes(config, prec)
     count = 1
     while total > (1 - kv_share) * count * spec.memory:
         count *= 2
     return count
-
-
-@dataclass(frozen=True)
-class StepCosts:
-    """Roofline step times, as ``RooflineCosts``, with a precision's bytes; precomputed."""
-
-    weight_bytes: float            # read by every forward pass
-    kv_bytes_per_token: float
-    matmul_flops_per_token: float  # 2 per weight multiplied
-    attention_flops_per_key: float  # 4 L H D per (query, key) pair
-    window: int | None             # sliding window, if the model has one
-    peak_flops: float
-    bandwidth: float
-
-    @classmethod
-    def for_device(cls, config: ModelConfig, spec: DeviceSpec, prec="bf16") -> "StepCosts":
-        peak = spec.peak_flops("bfloat16") or spec.peak_flops("float16")
-        if peak is None:
-            raise ValueError(f"{spec.name} has no 16-bit peak in the hardware table")
-        base = formulas.flops_per_token(config, 0)
-        return cls(weight_bytes(config, prec), kv_bytes_per_token(config, prec), base,
-                   formulas.flops_per_token(config, 1) - base,
-                   getattr(config, "sliding_window", None), peak, spec.bandwidth)
-
-    def _held(self, n: int) -> int:
-        return n if self.window is None else min(n, self.window)
-
-    def prefill_s(self, n_tokens: int) -> float:
-        flops = (n_tokens * self.matmul_flops_per_token
-                 + self.attention_flops_per_key * self._held(n_tokens) * (n_tokens + 1) / 2)
-        nbytes = self.weight_bytes + n_tokens * self.kv_bytes_per_token
-        return max(flops / self.peak_flops, nbytes / self.bandwidth)
-
-    def decode_s(self, batch: int, context_tokens: int) -> float:
-        flops = batch * self.matmul_flops_per_token + self.attention_flops_per_key * context_tokens
-        nbytes = self.weight_bytes + context_tokens * self.kv_bytes_per_token
-        return max(flops / self.peak_flops, nbytes / self.bandwidth)
 
 
 @dataclass(frozen=True)
@@ -260,19 +182,26 @@ class CostCase:
         return self.count or group_size(self.config(), self.device, self.precision)
 
     def spec(self) -> DeviceSpec:
-        return device_group(self.device, self.devices)
+        """One device of the group (a row of the hardware table)."""
+        return get_device_spec(self.device)
 
-    def costs(self) -> StepCosts:
-        return StepCosts.for_device(self.config(), self.spec(), self.precision)
+    @property
+    def group_name(self) -> str:
+        return self.device if self.devices == 1 else f"{self.devices}x {self.device}"
+
+    def costs(self) -> StepModel:
+        """The step-time model: the group's devices split the model by tensor parallelism over
+        the device's GPU link (``data/hardware.csv`` ``gpu_link``)."""
+        return StepModel.for_device(self.config(), self.spec(), self.precision, self.devices)
 
     def serving(self) -> ServingConfig:
         """The pool: the group's memory less the weights, in blocks of the precision's K/V."""
         config = self.config()
-        budget = self.spec().memory - weight_bytes(config, self.precision, read_per_step=False)
+        budget = self.devices * self.spec().memory - weight_bytes(config, self.precision)
         blocks = int(budget // kv_bytes_per_token(config, self.precision)) // BLOCK_SIZE
         if blocks * BLOCK_SIZE < self.prompt + self.output:
             raise ValueError(f"{config.name} at {self.precision} leaves no room for one request "
-                             f"on {self.spec().name}")
+                             f"on {self.group_name}")
         return ServingConfig(num_blocks=blocks, max_batch=self.max_batch)
 
     @property
@@ -337,7 +266,7 @@ def write(cases=None, progress=print) -> dict:
               "cases": []}
     for case in cases or chapter_cases():
         cap = case.capacity()
-        progress(f"{case.model} on {case.spec().name}, {case.precision}, TPOT <= "
+        progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
                  f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes)")
         record["cases"].append({"case": asdict(case), "inputs": inputs(case),
                                 "capacity": capacity_to_dict(cap)})
@@ -382,7 +311,7 @@ def cost_table(provider: str | None = "CoreWeave") -> str:
             price = case.price(provider)
             sim = case.priced(stored_capacity(case), price.usd_per_hour)
             floor = case.floor(max(1, round(sim.batch)), price.usd_per_hour)
-            lines.append(f"{model:12s} {case.spec().name:>18s} {sim.usd_per_hour:7.2f} "
+            lines.append(f"{model:12s} {case.group_name:>18s} {sim.usd_per_hour:7.2f} "
                          f"{sim.rate:6.2f} {sim.batch:6.1f} {sim.usd_per_m_input:7.3f} "
                          f"{sim.usd_per_m_output:8.3f} {floor.usd_per_m_output:9.3f}  "
                          f"{price.label()}")

@@ -39,7 +39,8 @@ from inferlab.serving.engine import pool_blocks, serve
 from inferlab.serving.loop import Run
 from inferlab.serving.metrics import Summary
 from inferlab.sim import traces
-from inferlab.sim.simulator import FittedCosts, RooflineCosts, measure_costs_for, simulate
+from inferlab.analysis.step_time import StepModel
+from inferlab.sim.simulator import FittedCosts, measure_costs_for, simulate
 
 COMPARED = ("static", "continuous")  # names in inferlab.serving.scheduler.POLICIES
 
@@ -84,7 +85,7 @@ def extrapolate(model_name: str, device_name: str, n: int, rate: float, max_batc
     """Simulate the full-size trace for a table model on a table GPU (roofline step times)."""
     config = ModelConfig.from_name(model_name)
     spec = get_device_spec(device_name)
-    costs = RooflineCosts.for_device(config, spec, efficiency=efficiency)
+    costs = StepModel.for_device(config, spec, efficiency=efficiency)
     num_blocks = kv_blocks_for_device(config, spec, block_size=block_size)
     rows = traces.sharegpt_like(n, seed=seed)
     requests = traces.trace_requests(rows, traces.poisson_arrivals(n, rate, seed=seed))

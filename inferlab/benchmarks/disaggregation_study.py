@@ -4,7 +4,7 @@
 
 Everything here is a simulation (``inferlab.sim.disaggregation``) of Llama-2-13B (the shape of
 the OPT-13B that DistServe and the PagedAttention paper evaluate) on A100 80GB GPUs at the
-roofline (``RooflineCosts``, efficiency 1: no real engine is faster), four GPUs a cluster:
+roofline (``StepModel``, efficiency 1: no real engine is faster), four GPUs a cluster:
 
 1. ``goodput``: per-GPU goodput (the highest rate at which 90% of requests meet the SLO,
    after a warm-up; ``inferlab.sim.goodput``) of every design, for the chat-like and the

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from inferlab.analysis import formulas
 from inferlab.analysis.decode_timing import cached_step
 from inferlab.analysis.hardware import detect_device
 from inferlab.device import check_dtype, choose_profile
@@ -67,7 +68,7 @@ def torchao_int8(model):
 def step_bytes(model, context: int) -> int:
     """Bytes one decode step reads: linear weights, one embedding row, norms, the KV cache."""
     c = model.config
-    kv = 2 * c.n_layers * c.n_kv_heads * c.head_dim * context * 4  # float32 cache
+    kv = formulas.kv_bytes(c, context, "float32")
     norms = (2 * c.n_layers + 1) * c.d_model * 4
     return quant.weight_bytes(model) + c.d_model * 4 + norms + kv
 

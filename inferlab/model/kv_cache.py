@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferlab.analysis import formulas
 from inferlab.validation import positive_ints
 
 
@@ -92,8 +93,8 @@ class KVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of one sequence occupies: 2 x layers x KV heads x head_dim x element."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k.element_size()
+        """Bytes one token of one sequence occupies (``formulas.kv_bytes_per_token``)."""
+        return formulas.kv_bytes_per_token(self, self.k.element_size())
 
     @property
     def nbytes(self) -> int:
@@ -229,7 +230,9 @@ class Int8KVCache(KVCache):
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * (self.head_dim + self.k_scale.element_size())
+        """int8 numbers (``formulas.kv_bytes_per_token`` at 1 byte) plus one scale per head."""
+        scales = 2 * self.n_layers * self.n_kv_heads * self.k_scale.element_size()
+        return formulas.kv_bytes_per_token(self, 1) + scales
 
     @property
     def nbytes(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from inferlab.analysis import formulas
 from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.serving import paged_triton
-from inferlab.serving.block_manager import BlockAllocator, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockTable, blocks_for
 
 
 def gather_index(tables: list[BlockTable], lengths: list[int],
@@ -154,7 +154,7 @@ def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_
     (blocks, K, block_size, D).
     """
     g = torch.Generator().manual_seed(seed)
-    blocks_each = -(-context // block_size)
+    blocks_each = blocks_for(context, block_size)
     num_blocks = batch * blocks_each
     alloc = BlockAllocator(num_blocks)
     alloc._free = type(alloc._free)(torch.randperm(num_blocks, generator=g).tolist())  # scatter

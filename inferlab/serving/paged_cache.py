@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inferlab.analysis import formulas
 from inferlab.serving import ragged
 from inferlab.serving.block_manager import BlockManager, BlockTable
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
@@ -126,8 +127,10 @@ def block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
     tokens of ``head_dim`` numbers in ``dtype`` (int8: plus a float32 scale per token and head,
     ``inferlab.serving.paged_int8``): what the cache stores, whatever the weights' format."""
     c = model_config
-    per_vector = c.head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)
-    return 2 * c.n_layers * block_size * c.n_kv_heads * per_vector
+    per_token = formulas.kv_bytes_per_token(c, dtype.itemsize)
+    if dtype == torch.int8:     # K's and V's float32 scale, per layer and KV head
+        per_token += 2 * c.n_layers * c.n_kv_heads * 4
+    return block_size * per_token
 
 
 class PagedKVCache:

@@ -292,7 +292,7 @@ def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int
             token_budget: int = 512, prefill_budget: int = 8192, decode_budget: int = 256,
             dtype: str = "bfloat16", efficiency: float = 1.0) -> dict[str, Cluster]:
     """The designs Chapter 7 compares on ``gpus`` GPUs of ``spec`` (a ``DeviceSpec``) serving
-    ``model_config``, at the roofline (``RooflineCosts``) derated by ``efficiency``:
+    ``model_config``, at the roofline (``inferlab.analysis.step_time.StepModel``) derated by ``efficiency``:
     "colocated" (Chapter 4's engine), "chunked" (a token budget of ``token_budget``) and every
     split "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
 
@@ -302,9 +302,9 @@ def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int
     """
     from inferlab.analysis import formulas
     from inferlab.analysis.capacity import kv_blocks_for_device
-    from inferlab.sim.simulator import RooflineCosts
+    from inferlab.analysis.step_time import StepModel
 
-    costs = RooflineCosts.for_device(model_config, spec, dtype, efficiency=efficiency)
+    costs = StepModel.for_device(model_config, spec, dtype, efficiency=efficiency)
     base = ServingConfig(num_blocks=kv_blocks_for_device(model_config, spec, dtype=dtype),
                          max_batch=max_batch)
     out = {"colocated": Cluster(costs, colocated=gpus, colocated_config=base),

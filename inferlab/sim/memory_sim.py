@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable
+from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable, blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
@@ -131,7 +131,7 @@ def sharing_saving(prompt_len: int, output_len: int, n_samples: int,
     """
     if n_samples < 1 or prompt_len < 1 or output_len < 1:
         raise ValueError("need n_samples, prompt_len and output_len >= 1")
-    blocks = n_samples * (-(-(prompt_len + output_len) // block_size) + 1)
+    blocks = n_samples * (blocks_for(prompt_len + output_len, block_size) + 1)
     used = {}
     for shared in (False, True):
         alloc = BlockAllocator(blocks)

@@ -14,10 +14,11 @@ step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two
   or taken from an engine run's iteration log (``FittedCosts.from_iterations``). A chunked
   step (decodes and prefill chunks in one forward, Chapter 7) costs a + b N + c P + d C in its
   tokens N, the query-key pairs P of its chunks (``chunk_pairs``) and the decodes' context C.
-- ``RooflineCosts``: a table GPU and model (``data/hardware.csv``, ``data/models.csv``): each step
-  takes max(FLOPs / peak, bytes / bandwidth) from ``inferlab.analysis.formulas``, optionally derated by
-  an efficiency and padded with a fixed per-step overhead. With efficiency 1 and no overhead it
-  is the roofline's bound: no real engine is faster.
+- ``inferlab.analysis.step_time.StepModel``: a table GPU and model (``data/hardware.csv``,
+  ``data/models.csv``): the course's one model of a step's time, each kernel class (linear
+  layers, attention over the cache, LM head, collectives) on its own roofline, summed;
+  optionally derated by an efficiency and padded with a fixed per-step overhead. With
+  efficiency 1 and no overhead it is a lower bound: no real engine is faster.
 
 Vidur (Agrawal et al., MLSys 2024) simulates LLM serving the same way, at far greater detail.
 """
@@ -31,7 +32,7 @@ from typing import Iterable, Protocol
 import numpy as np
 import torch
 
-from inferlab.analysis import formulas
+from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
 from inferlab.serving.paged_cache import PagedKVCache
@@ -168,7 +169,7 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
     """
     config = config or ServingConfig()
     longest = max(max(prefill_lens), max(contexts) + 1)
-    num_blocks = max(batches) * -(-longest // config.block_size) + 1
+    num_blocks = max(batches) * blocks_for(longest, config.block_size) + 1
     cache = PagedKVCache.for_model(model, config.replace(num_blocks=num_blocks))
     runner = ModelRunner(model, cache)
     gen = torch.Generator().manual_seed(0)
@@ -213,61 +214,6 @@ def measure_costs_for(model, requests: list[Request], config: ServingConfig,
     batches = sorted({1, max(1, max_batch // 4), max(1, max_batch // 2), max_batch})
     return measure_costs(model, tuple(prefill_lens), tuple(batches), tuple(contexts), config,
                          min_run_time)
-
-
-@dataclass(frozen=True)
-class RooflineCosts:
-    """Step times of ``config`` on a table device: max(FLOPs / peak, bytes / bandwidth).
-
-    ``efficiency`` derates both peaks (1.0: the roofline bound); ``overhead_s`` is added to
-    every forward pass (kernel launches, Python).
-    """
-
-    config: object            # an inferlab.model.config.ModelConfig
-    peak_flops: float         # FLOP/s
-    bandwidth: float          # bytes/s
-    dtype: str = "bfloat16"
-    efficiency: float = 1.0
-    overhead_s: float = 0.0
-
-    @classmethod
-    def for_device(cls, config, spec, dtype: str = "bfloat16", **kw) -> "RooflineCosts":
-        """From a ``hardware.DeviceSpec`` (a row of ``data/hardware.csv``)."""
-        peak = spec.peak_flops(dtype)
-        if peak is None:
-            raise ValueError(f"{spec.name} has no {dtype} peak in the hardware table")
-        return cls(config, peak, spec.bandwidth, dtype, **kw)
-
-    def _time(self, flops: float, nbytes: float) -> float:
-        compute = flops / (self.peak_flops * self.efficiency)
-        memory = nbytes / (self.bandwidth * self.efficiency)
-        return max(compute, memory) + self.overhead_s
-
-    def prefill_s(self, n_tokens: int) -> float:
-        c = self.config
-        base = formulas.flops_per_token(c, 0)
-        attention = formulas.flops_per_token(c, n_tokens) - base  # at the longest context
-        flops = n_tokens * base + attention * (n_tokens + 1) / 2  # token t attends to t keys
-        nbytes = (formulas.decode_bytes_per_step(c, self.dtype)
-                  + n_tokens * formulas.kv_bytes_per_token(c, self.dtype))  # K/V written
-        return self._time(flops, nbytes)
-
-    def decode_s(self, batch: int, context_tokens: int) -> float:
-        return self.step_s((), batch, context_tokens)
-
-    def step_s(self, chunks, batch: int, context_tokens: int) -> float:
-        """A chunked step: weights read once; every new token through every matmul; the
-        chunks' query-key pairs and the decodes' context in attention; each chunk reads its
-        cached K/V and writes its new K/V, each decode reads its context."""
-        c = self.config
-        base = formulas.flops_per_token(c, 0)
-        attention = formulas.flops_per_token(c, 1) - base  # per K/V token attended
-        tokens = batch + sum(n for n, _ in chunks)
-        flops = tokens * base + attention * (chunk_pairs(chunks) + context_tokens)
-        kv_tokens = context_tokens + sum(n + cached for n, cached in chunks)
-        nbytes = (formulas.decode_bytes_per_step(c, self.dtype)
-                  + kv_tokens * formulas.kv_bytes_per_token(c, self.dtype))
-        return self._time(flops, nbytes)
 
 
 class SimRunner:

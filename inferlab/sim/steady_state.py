@@ -36,60 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.serving.request import Request
 from inferlab.sim.simulator import CostModel, simulate
-from inferlab.sim.traces import poisson_arrivals, sharegpt_like, scale_lengths
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Request lengths to draw from: ``rows`` of (prompt tokens, output tokens), uniformly."""
-
-    name: str
-    rows: tuple[tuple[int, int], ...]
-
-    def __post_init__(self) -> None:
-        if not self.rows or any(p < 1 or o < 1 for p, o in self.rows):
-            raise ValueError(f"workload {self.name!r} needs rows of positive (prompt, output) "
-                             "lengths")
-
-    @classmethod
-    def sharegpt(cls, scale: float = 1.0, max_len: int | None = None) -> "Workload":
-        """The ShareGPT-like trace of ``inferlab.sim.traces``, lengths times ``scale`` (outputs
-        cut so that a request fits ``max_len`` tokens, as ``scale_lengths`` does)."""
-        rows = sharegpt_like()
-        if scale != 1.0 or max_len is not None:
-            rows = scale_lengths(rows, scale, max_len=max_len)
-        name = "sharegpt_like" + ("" if scale == 1.0 else f" x{scale:g}")
-        return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
-
-    @classmethod
-    def fixed(cls, prompt_len: int, output_len: int) -> "Workload":
-        """Every request the same: ``prompt_len`` tokens in, ``output_len`` out."""
-        return cls(f"{prompt_len} in / {output_len} out", ((int(prompt_len), int(output_len)),))
-
-    @property
-    def mean_lengths(self) -> tuple[float, float]:
-        """Mean prompt and output length of the rows (what a long trace converges to)."""
-        return (sum(p for p, _ in self.rows) / len(self.rows),
-                sum(o for _, o in self.rows) / len(self.rows))
-
-    def requests(self, n: int, rate: float, seed: int = 0) -> list[Request]:
-        """``n`` requests arriving as a Poisson process at ``rate`` per second.
-
-        Row ``i`` and arrival ``i`` do not depend on ``n``: a longer trace extends a shorter
-        one. The same seed at another rate gives the same rows and arrivals scaled in time.
-        """
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
-        picks = np.random.default_rng(seed + 1).integers(0, len(self.rows), size=n)
-        arrivals = poisson_arrivals(n, rate, seed=seed)
-        return [Request((0,) * self.rows[k][0], self.rows[k][1], t, i)
-                for i, (k, t) in enumerate(zip(picks.tolist(), arrivals))]
+from inferlab.sim.workloads import Workload  # noqa: F401  (re-exported: the steady-state API)
 
 
 @dataclass(frozen=True)
@@ -132,7 +83,8 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
 
     The window runs from ``warmup`` to ``1 - cooldown`` of the time of the last arrival. The
     run itself goes on to the end, so every request that arrived in the window is followed to
-    its last token, however long the queue it met.
+    its last token, however long the queue it met. A chunked step (one forward over decodes and
+    prefill chunks) is split between the phases in proportion to the tokens each put through it.
     """
     if not (0 <= warmup and 0 <= cooldown and warmup + cooldown < 1):
         raise ValueError(f"need warmup, cooldown >= 0 with warmup + cooldown < 1, got "
@@ -160,8 +112,13 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     for it in run.iterations:
         if inside(it.start_s):
             prefill_s += sum(s for _, _, s in it.prefills)
+            # a chunked step is one forward: split in proportion to the tokens each phase put
+            # through it (a decode row is one token, a chunk its new tokens)
+            chunk_tokens = sum(n for _, n, _ in it.chunks)
+            share = chunk_tokens / (chunk_tokens + it.decode_batch) if chunk_tokens else 0.0
+            prefill_s += share * it.decode_s
+            decode_s += (1 - share) * it.decode_s
             if it.decode_ids:
-                decode_s += it.decode_s
                 steps += 1
                 rows += it.decode_batch
     met = sum(slo.met_by(t) for t in timings) if slo is not None else math.nan

@@ -1,7 +1,7 @@
 """Chapter 4's latency-against-load sweep in steady state: run it, store it, read it back.
 
 The sweep serves the ShareGPT-like workload (``inferlab.sim.traces``) with Llama-2-7B on the
-roofline of an A100 80GB (``inferlab.sim.simulator.RooflineCosts``), under static and under
+roofline of an A100 80GB (``inferlab.analysis.step_time.StepModel``), under static and under
 continuous batching, at a list of offered rates; each point is a steady state of
 ``inferlab.sim.steady_state`` (trace grown until two lengths agree, or shown overloaded), and
 each policy's capacity under the SLO is searched for as well. Near a server's capacity a
@@ -28,14 +28,15 @@ from pathlib import Path
 from inferlab.analysis import formulas
 from inferlab.analysis.capacity import kv_blocks_for_device
 from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import StepModel
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.sim.simulator import RooflineCosts
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, Workload,
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState,
     capacity_at_slo, capacity_from_dict, capacity_to_dict, state_from_dict, state_to_dict,
     steady_state)
+from inferlab.sim.workloads import Workload
 
 NAME = "ch04_steady_state.json"
 
@@ -66,8 +67,8 @@ class SweepSetup:
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_name(self.model)
 
-    def costs(self) -> RooflineCosts:
-        return RooflineCosts.for_device(self.model_config(), get_device_spec(self.device))
+    def costs(self) -> StepModel:
+        return StepModel.for_device(self.model_config(), get_device_spec(self.device))
 
     def serving(self, policy: str) -> ServingConfig:
         blocks = kv_blocks_for_device(self.model_config(), get_device_spec(self.device))
@@ -83,7 +84,8 @@ class SweepSetup:
                 "memory": spec.memory, "weight_bytes": formulas.decode_bytes_per_step(config),
                 "kv_bytes_per_token": formulas.kv_bytes_per_token(config),
                 "num_blocks": self.serving("continuous").num_blocks,
-                "mean_lengths": list(self.workload().mean_lengths)}
+                "mean_lengths": list(self.workload().mean_lengths),
+                "step_model": asdict(self.costs())}   # the step-time model's numbers
 
     def state(self, policy: str, rate: float) -> SteadyState:
         return steady_state(self.workload(), rate, self.costs(), self.serving(policy), self.slo,

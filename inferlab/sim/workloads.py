@@ -17,17 +17,69 @@
 ``poisson_requests`` turns rows into ``Request``s arriving at a given rate, and ``stream`` draws
 a fresh stream of either kind that arrives at a rate for a given time: a steady-state
 experiment needs a trace whose length grows with the rate (``inferlab.sim.disaggregation``).
+``Workload`` is the steady-state simulator's (``inferlab.sim.steady_state``): lengths to draw
+from, and a Poisson trace of any length at any rate that a longer one extends. Every Poisson
+trace of the package is built here or by ``inferlab.sim.traces.sharegpt_requests`` on the same
+``traces.poisson_arrivals``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from inferlab.serving.request import Request
 from inferlab.sim import traces
+
+@dataclass(frozen=True)
+class Workload:
+    """Request lengths to draw from: ``rows`` of (prompt tokens, output tokens), uniformly."""
+
+    name: str
+    rows: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows or any(p < 1 or o < 1 for p, o in self.rows):
+            raise ValueError(f"workload {self.name!r} needs rows of positive (prompt, output) "
+                             "lengths")
+
+    @classmethod
+    def sharegpt(cls, scale: float = 1.0, max_len: int | None = None) -> "Workload":
+        """The ShareGPT-like trace of ``inferlab.sim.traces``, lengths times ``scale`` (outputs
+        cut so that a request fits ``max_len`` tokens, as ``scale_lengths`` does)."""
+        rows = traces.sharegpt_like()
+        if scale != 1.0 or max_len is not None:
+            rows = traces.scale_lengths(rows, scale, max_len=max_len)
+        name = "sharegpt_like" + ("" if scale == 1.0 else f" x{scale:g}")
+        return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
+
+    @classmethod
+    def fixed(cls, prompt_len: int, output_len: int) -> "Workload":
+        """Every request the same: ``prompt_len`` tokens in, ``output_len`` out."""
+        return cls(f"{prompt_len} in / {output_len} out", ((int(prompt_len), int(output_len)),))
+
+    @property
+    def mean_lengths(self) -> tuple[float, float]:
+        """Mean prompt and output length of the rows (what a long trace converges to)."""
+        return (sum(p for p, _ in self.rows) / len(self.rows),
+                sum(o for _, o in self.rows) / len(self.rows))
+
+    def requests(self, n: int, rate: float, seed: int = 0) -> list[Request]:
+        """``n`` requests arriving as a Poisson process at ``rate`` per second.
+
+        Row ``i`` and arrival ``i`` do not depend on ``n``: a longer trace extends a shorter
+        one. The same seed at another rate gives the same rows and arrivals scaled in time.
+        """
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        picks = np.random.default_rng(seed + 1).integers(0, len(self.rows), size=n)
+        arrivals = traces.poisson_arrivals(n, rate, seed=seed)
+        return [Request((0,) * self.rows[k][0], self.rows[k][1], t, i)
+                for i, (k, t) in enumerate(zip(picks.tolist(), arrivals))]
+
 
 # The mixed trace at each device profile's sizes: the model, (chat requests, chat prompt, chat
 # output, long prompts, long prompt, long output, seconds between long prompts), the largest

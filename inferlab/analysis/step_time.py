@@ -1,0 +1,315 @@
+"""One model of time: what a forward pass (a serving step) costs, kernel by kernel.
+
+Every modelled time in the course (the simulator, token costs, request times, the explorer and
+calculators, speculation at batch, the disaggregated cluster) comes from ``StepModel.seconds``.
+A step's kernels run one after another, so a step costs the **sum** of each kernel's own
+roofline, max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman and Patterson 2009), not one
+roofline for the whole pass (which would let attention's cache reads hide under the linear
+layers' arithmetic). Four kernel classes:
+
+- ``linear``: the projections and the MLP of every layer. 2 FLOPs per weight per new token;
+  the weights are read once per step, whatever the batch.
+- ``attention``: the new tokens' queries against the cache. 4 H D FLOPs per layer per
+  (query, key) pair; bytes: each row reads its whole held cache (the K/V it just wrote included,
+  as a paged kernel does) and writes its new tokens' K/V. Sliding windows cap the keys, GQA/MQA
+  shrink the cache (``formulas.kv_bytes_per_token``), MLA's latent cache is an ``Attention``
+  built by ``inferlab.analysis.mla.attention_cost``.
+- ``lm_head``: the output projection, for one position per row (engines compute logits only
+  where a token is sampled): 2 V d FLOPs per row, its V x d weights read once. The input
+  embedding is a lookup of one row per token and is not priced.
+- ``collective``: split over N devices by tensor parallelism, every kernel does 1/N of the
+  work, and each layer ends its attention and its MLP with an all-reduce of the step's
+  activations over the link (``data/links.csv``); a ring all-reduce of S bytes moves
+  2 (N - 1) / N x S bytes through each device's link.
+
+A fixed ``overhead_s`` per pass (launches, Python) can be added. Precision is set separately
+for the weights, the KV cache and the arithmetic (``Precision``); the arithmetic's peak is the
+device's dense figure for that format in ``data/hardware.csv``.
+
+Which numbers count as "weight bytes": ``formulas.weight_bytes`` is what the weights *occupy*
+(the input embedding included: it sits in memory); what a step *reads* is the sum of the linear
+and LM-head kernels' bytes, which leave the untied input embedding out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+import numpy as np
+
+from inferlab.analysis import formulas
+from inferlab.analysis.hardware import DeviceSpec, get_device_spec
+from inferlab.data import read_table
+
+ACTIVATION_BYTES = 2  # the all-reduced activations travel in 16-bit
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per weight, bytes per cached K/V number, and the format the arithmetic runs in."""
+
+    name: str
+    bytes_per_weight: float
+    bytes_per_kv: float
+    compute: str = "bfloat16"  # "bfloat16", "float16", "fp8" or "fp4": which peak to use
+    note: str = ""
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("bf16", 2, 2, "bfloat16", "weights, KV cache and arithmetic in bfloat16"),
+    Precision("fp16", 2, 2, "float16", "weights, KV cache and arithmetic in float16"),
+    Precision("int8 weights", 1, 2, "bfloat16", "weight-only int8 (W8A16); KV cache in bfloat16"),
+    Precision("int4 weights", 0.5, 2, "bfloat16",
+              "weight-only int4 (W4A16); KV cache in bfloat16"),
+    Precision("fp8 weights and KV", 1, 1, "bfloat16",
+              "8-bit weights and an 8-bit KV cache, arithmetic in bfloat16"),
+    Precision("fp8", 1, 1, "fp8", "FP8 weights, activations and KV cache (W8A8 on FP8 tensor cores)"),
+)}
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def precision(p: "Precision | str") -> Precision:
+    """A ``Precision`` from itself, a name of ``PRECISIONS``, or a torch dtype name (weights,
+    cache and arithmetic all in that dtype; float32 has no table peak)."""
+    if isinstance(p, Precision):
+        return p
+    name = str(p).removeprefix("torch.")
+    if name in PRECISIONS:
+        return PRECISIONS[name]
+    if name in _DTYPES:
+        return PRECISIONS[_DTYPES[name]]
+    if name == "float32":
+        return Precision("fp32", 4, 4, "float32", "float32 throughout")
+    raise ValueError(f"unknown precision {p!r}; choose one of {', '.join(PRECISIONS)} "
+                     f"or {', '.join(_DTYPES)}")
+
+
+def link_bandwidth(name: str) -> float:
+    """One direction of a link of ``data/links.csv``, in bytes/s."""
+    for row in read_table("links.csv"):
+        if row["name"] == name:
+            return float(row["bandwidth_gbs_per_direction"]) * 1e9
+    raise ValueError(f"no link {name!r} in data/links.csv")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What attention costs per cached token and per (query, key) pair, over the whole model."""
+
+    kv_bytes_per_token: float  # cached bytes per token, all layers
+    flops_per_pair: float      # FLOPs per (query, key) pair, all layers
+    window: int | None = None  # keys each query sees at most (sliding window)
+
+    @classmethod
+    def of(cls, config, prec: Precision) -> "Attention":
+        """Grouped-query (MHA, GQA, MQA) attention of a Llama-shaped ``config``."""
+        return cls(formulas.kv_bytes_per_token(config, prec.bytes_per_kv),
+                   4 * config.n_layers * config.n_heads * config.head_dim,
+                   getattr(config, "sliding_window", None))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel class's share of a step: its FLOPs and bytes, and the time each would take
+    alone on one device's share of the work; the kernel takes the larger."""
+
+    name: str
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float   # for the collective: the time on the link
+
+    @property
+    def seconds(self) -> float:
+        return np.maximum(self.compute_s, self.memory_s)  # numbers, or arrays of shapes
+
+    @property
+    def bound(self) -> str:
+        if self.name == "collective":
+            return "link"
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A step's shape in the numbers its kernels are priced on (sums over rows)."""
+
+    tokens: float        # new tokens through every matmul
+    rows: float          # LM-head positions: one per sequence (k + 1 in a verification)
+    pairs: float         # (query, key) pairs attention scores
+    kv_read: float       # cached tokens attention reads (each row's held cache)
+    kv_written: float    # tokens whose K/V the step writes
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[tuple[float, float]], window: int | None = None) -> "Shape":
+        """Rows of (new tokens n, cached tokens c): a decode is (1, c), a prefill (P, 0), a
+        chunk (n, c). The i-th new token attends to min(c + i, window) keys."""
+        tokens = n_rows = pairs = read = 0.0
+        for n, c in rows:
+            if n <= 0:
+                continue
+            tokens, n_rows = tokens + n, n_rows + 1
+            if window is None or c + n <= window:
+                pairs += n * c + n * (n + 1) / 2
+            else:
+                full = max(0.0, min(n, window - c))  # queries that still see every key
+                pairs += full * c + full * (full + 1) / 2 + (n - full) * window
+            read += c + n if window is None else min(c + n, window)
+        return cls(tokens, n_rows, pairs, read, tokens)
+
+    def times(self, count: float) -> "Shape":
+        """``count`` copies of this shape in one step (identical rows)."""
+        return Shape(self.tokens * count, self.rows * count, self.pairs * count,
+                     self.kv_read * count, self.kv_written * count)
+
+    def __add__(self, other: "Shape") -> "Shape":
+        return Shape(self.tokens + other.tokens, self.rows + other.rows, self.pairs + other.pairs,
+                     self.kv_read + other.kv_read, self.kv_written + other.kv_written)
+
+    @classmethod
+    def decode_rows(cls, cached, window: int | None = None) -> "Shape":
+        """One decode row per element of ``cached`` (a number or a numpy array, priced
+        element-wise: one shape per element)."""
+        held = np.asarray(cached) + 1 if window is None else np.minimum(np.asarray(cached) + 1, window)
+        return cls(1, 1, held, held, 1)
+
+    @classmethod
+    def decode(cls, batch: int, context_tokens: float) -> "Shape":
+        """``batch`` decode rows that together hold ``context_tokens`` tokens (new ones
+        included), each attending to all of its own."""
+        return cls(batch, batch, context_tokens, context_tokens, batch)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The step-time model of one model on one device (or a tensor-parallel group of them)."""
+
+    linear_params: float      # weights of the projections and MLPs (and norms)
+    head_params: float        # the LM head's V x d
+    d_model: int
+    n_layers: int
+    attention: Attention
+    precision: Precision
+    peak_flops: float | None  # FLOP/s of one device in the precision's format (None: no figure)
+    bandwidth: float          # bytes/s of one device
+    devices: int = 1
+    link: float | None = None  # bytes/s one way between devices (needed when devices > 1)
+    overhead_s: float = 0.0
+    efficiency: float = 1.0   # derates peak, bandwidth and link alike
+
+    @classmethod
+    def for_device(cls, config, device: "DeviceSpec | str", prec: "Precision | str" = "bf16",
+                   devices: int = 1, link: "str | float | None" = None, overhead_s: float = 0.0,
+                   efficiency: float = 1.0, attention: Attention | None = None,
+                   require_peak: bool = True) -> "StepModel":
+        """``config`` on ``device`` (a row of ``data/hardware.csv``) at ``prec``; ``devices``
+        > 1 splits it by tensor parallelism over ``link`` (a name of ``data/links.csv``, or
+        bytes/s; by default the device's ``gpu_link``)."""
+        spec = get_device_spec(device) if isinstance(device, str) else device
+        p = precision(prec)
+        peak = spec.peak_flops(p.compute)
+        if peak is None and require_peak:
+            raise ValueError(f"{spec.name} has no {p.compute} peak in the hardware table")
+        if devices < 1:
+            raise ValueError(f"devices must be at least 1, got {devices}")
+        link = link if link is not None or devices == 1 else (spec.gpu_link or None)
+        if devices > 1 and link is None:
+            raise ValueError(f"{spec.name} has no GPU link in the hardware table: name one of "
+                             "data/links.csv to split a model over several devices")
+        if not 0 < efficiency <= 1:
+            raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
+        link_bw = link_bandwidth(link) if isinstance(link, str) else link
+        head = config.vocab_size * config.d_model
+        return cls(formulas.param_count(config, include_embeddings=False), head, config.d_model,
+                   config.n_layers, attention or Attention.of(config, p), p, peak,
+                   spec.bandwidth, devices, link_bw, overhead_s, efficiency)
+
+    @classmethod
+    def for_roof(cls, config, peak_flops: float | None, bandwidth: float,
+                 prec: "Precision | str" = "bf16", **kw) -> "StepModel":
+        """``config`` on a device given by its two numbers (FLOP/s in the precision's format,
+        bytes/s) rather than a table row."""
+        spec = DeviceSpec("roof", "gpu", bandwidth, None, None, None, "given numbers")
+        p = precision(prec)
+        return replace(cls.for_device(config, spec, p, require_peak=False, **kw),
+                       peak_flops=peak_flops)
+
+    # --- the kernels --------------------------------------------------------------------
+    def _roof(self, name: str, flops: float, nbytes: float) -> Kernel:
+        n = self.devices
+        compute = 0.0 if self.peak_flops is None else flops / (n * self.peak_flops * self.efficiency)
+        memory = nbytes / (n * self.bandwidth * self.efficiency)
+        return Kernel(name, flops, nbytes, compute, memory)
+
+    def kernels(self, shape: Shape) -> list[Kernel]:
+        """Each kernel class's FLOPs, bytes and seconds for a step of ``shape`` (the whole
+        group's FLOPs and bytes; the seconds are each device's share)."""
+        wb, a = self.precision.bytes_per_weight, self.attention
+        out = [
+            self._roof("linear", 2 * self.linear_params * shape.tokens, self.linear_params * wb),
+            self._roof("attention", a.flops_per_pair * shape.pairs,
+                       (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token),
+            self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
+        ]
+        if self.devices > 1:
+            n = self.devices
+            moved = (2 * self.n_layers * 2 * (n - 1) / n
+                     * shape.tokens * self.d_model * ACTIVATION_BYTES)
+            out.append(Kernel("collective", 0.0, moved, 0.0, moved / (self.link * self.efficiency)))
+        return out
+
+    def seconds(self, shape: Shape) -> float:
+        """THE step time: the sum of the kernels' rooflines, plus the fixed overhead."""
+        if np.all(np.asarray(shape.tokens) <= 0):
+            return 0.0
+        return sum(k.seconds for k in self.kernels(shape)) + self.overhead_s
+
+    # --- the shapes callers ask about ---------------------------------------------------
+    def rows_s(self, rows: Iterable[tuple[float, float]]) -> float:
+        """One forward over rows of (new tokens, cached tokens)."""
+        return self.seconds(Shape.of_rows(rows, self.attention.window))
+
+    def prefill_s(self, n_tokens: int) -> float:
+        """A whole prompt of ``n_tokens`` in one forward."""
+        return self.rows_s([(n_tokens, 0)])
+
+    def decode_s(self, batch: int, context_tokens: float) -> float:
+        """``batch`` decodes whose caches hold ``context_tokens`` tokens in all (new included).
+        Under a sliding window, pass the tokens held (``formulas.kv_tokens_held`` per row)."""
+        return self.seconds(Shape.decode(batch, context_tokens))
+
+    def step_s(self, chunks, batch: int, context_tokens: float) -> float:
+        """A chunked step: prefill ``chunks`` of (new, cached) tokens beside ``batch`` decodes
+        over ``context_tokens`` (the simulator's ``CostModel`` protocol)."""
+        return self.seconds(Shape.of_rows(chunks, self.attention.window)
+                            + Shape.decode(batch, context_tokens))
+
+    def scaled(self, c: float) -> "StepModel":
+        """A model ``c`` times this one in every weight and every cached number (a draft)."""
+        a = self.attention
+        return replace(self, linear_params=c * self.linear_params, head_params=c * self.head_params,
+                       attention=replace(a, kv_bytes_per_token=c * a.kv_bytes_per_token,
+                                         flops_per_pair=c * a.flops_per_pair))
+
+    def weight_bytes_read(self) -> float:
+        """Bytes of weights one step reads: the linear layers and the LM head, once."""
+        return (self.linear_params + self.head_params) * self.precision.bytes_per_weight
+
+
+def step_time(rows: Iterable[tuple[float, float]], config, device: "DeviceSpec | str",
+              prec: "Precision | str" = "bf16", devices: int = 1,
+              link: "str | float | None" = None, overhead_s: float = 0.0) -> float:
+    """Seconds of one forward over rows of (new tokens, cached tokens) of ``config`` on
+    ``device``: ``StepModel.for_device(...).rows_s(rows)``."""
+    return StepModel.for_device(config, device, prec, devices, link, overhead_s).rows_s(rows)
+
+
+def old_single_max(model: StepModel, shape: Shape) -> float:
+    """The model the course used before: the whole step as ONE roofline, max(all FLOPs / peak,
+    all bytes / bandwidth). Kept only to print what changed (Chapter 7's table); no caller
+    uses it to time anything."""
+    ks = model.kernels(shape)
+    flops, nbytes = sum(k.flops for k in ks), sum(k.bytes for k in ks if k.name != "collective")
+    n = model.devices
+    return max(flops / (n * model.peak_flops), nbytes / (n * model.bandwidth))

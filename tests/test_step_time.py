@@ -1,0 +1,125 @@
+"""The one step-time model: each kernel class against a hand computation, the sum, precisions,
+windows, MLA, tensor parallelism, and the table of what changed against the old single max."""
+
+import pytest
+
+from inferlab.analysis import formulas, mla
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import (Attention, Shape, StepModel, link_bandwidth,
+                                         old_single_max, precision, step_time)
+from inferlab.serving.block_manager import blocks_for
+from inferlab.model.config import ModelConfig
+
+LLAMA13 = ModelConfig.from_name("llama-2-13b")
+A100 = get_device_spec("A100 80GB SXM")
+PEAK, BW = 312e12, 2039e9
+
+
+def by_name(kernels):
+    return {k.name: k for k in kernels}
+
+
+def test_each_kernel_of_a_decode_step_by_hand():
+    # 32 decodes of 500 cached tokens: every row reads 501 tokens of K/V and writes 1
+    model = StepModel.for_device(LLAMA13, A100)
+    k = by_name(model.kernels(Shape.of_rows([(1, 500)] * 32)))
+    linear = formulas.param_count(LLAMA13, include_embeddings=False)
+    head = 32000 * 5120
+    kv = 2 * 40 * 40 * 128 * 2                          # 800 KiB per token
+    assert k["linear"].flops == 2 * linear * 32
+    assert k["linear"].seconds == pytest.approx(2 * linear / BW)          # memory-bound
+    assert k["attention"].flops == 4 * 40 * 40 * 128 * 32 * 501
+    assert k["attention"].bytes == (32 * 501 + 32) * kv
+    assert k["attention"].seconds == pytest.approx((32 * 502) * kv / BW)
+    assert k["lm_head"].seconds == pytest.approx(2 * head / BW)
+    assert "collective" not in k
+    total = sum(x.seconds for x in k.values())
+    assert model.decode_s(32, 32 * 501) == pytest.approx(total)
+    assert step_time([(1, 500)] * 32, LLAMA13, "A100 80GB SXM") == pytest.approx(total)
+
+
+def test_a_prefill_sums_compute_bound_matmuls_and_a_memory_bound_head():
+    model = StepModel.for_device(LLAMA13, A100, overhead_s=1e-3)
+    linear = formulas.param_count(LLAMA13, include_embeddings=False)
+    pairs = 2000 * 2001 / 2
+    by_hand = (2 * linear * 2000 / PEAK + 4 * 40 * 40 * 128 * pairs / PEAK
+               + 2 * 32000 * 5120 / BW + 1e-3)
+    assert model.prefill_s(2000) == pytest.approx(by_hand)
+    # a chunk after a cached part: the i-th new token sees c + i keys
+    assert model.rows_s([(256, 1000)]) == pytest.approx(
+        model.seconds(Shape(256, 1, 256 * 1000 + 256 * 257 / 2, 1256, 256)))
+
+
+def test_the_sum_exceeds_the_old_single_max_when_kernels_are_bound_differently():
+    # batch 256 at 1,000 tokens on an A100 (ridge 153): the matmuls compute-bound, attention
+    # streaming the cache
+    model = StepModel.for_device(ModelConfig.from_name("llama-3-8b"), A100)
+    shape = Shape.of_rows([(1, 1000)] * 256)
+    k = by_name(model.kernels(shape))
+    assert k["linear"].bound == "compute" and k["attention"].bound == "memory"
+    assert model.seconds(shape) > 1.2 * old_single_max(model, shape)
+    # at batch 1 every kernel reads memory, and the two agree
+    one = Shape.of_rows([(1, 1000)])
+    assert model.seconds(one) == pytest.approx(old_single_max(model, one))
+
+
+def test_precisions_set_weights_cache_and_arithmetic_apart():
+    config = ModelConfig.from_name("llama-3-8b")
+    bf16 = StepModel.for_device(config, "H100 SXM")
+    int4 = StepModel.for_device(config, "H100 SXM", "int4 weights")
+    fp8 = StepModel.for_device(config, "H100 SXM", "fp8")
+    shape = Shape.of_rows([(1, 0)])
+    assert by_name(int4.kernels(shape))["linear"].bytes == by_name(bf16.kernels(shape))["linear"].bytes / 4
+    assert int4.attention.kv_bytes_per_token == bf16.attention.kv_bytes_per_token
+    assert fp8.attention.kv_bytes_per_token == bf16.attention.kv_bytes_per_token / 2
+    assert fp8.peak_flops == get_device_spec("H100 SXM").peak_fp8 == 1979e12
+    with pytest.raises(ValueError, match="no fp8 peak"):
+        StepModel.for_device(config, "A100 80GB SXM", "fp8")
+    assert precision("bfloat16").name == "bf16"
+
+
+def test_a_sliding_window_caps_keys_and_cache_reads():
+    mistral = ModelConfig.from_name("mistral-7b")
+    model = StepModel.for_device(mistral, "H100 SXM")
+    assert model.rows_s([(1, 30_000)]) == model.rows_s([(1, 8_000)])
+    s = Shape.of_rows([(10, 4090)], window=4096)
+    # queries 1..6 see 4091..4096 keys, queries 7..10 the window of 4096
+    assert s.pairs == sum(min(4090 + i, 4096) for i in range(1, 11))
+    assert s.kv_read == 4096
+
+
+def test_mla_prices_attention_on_its_latent_cache():
+    v3 = mla.MLAShape(61, 7168, 128, 1536, 512, 128, 64, 128)
+    attn = mla.attention_cost(v3)
+    assert attn == Attention(mla.kv_bytes_per_token(v3), 61 * 128 * (2 * 576 + 2 * 512))
+    model = StepModel.for_device(LLAMA13, "H100 SXM", attention=attn)
+    k = by_name(model.kernels(Shape.of_rows([(1, 999)])))
+    assert k["attention"].bytes == 1001 * 61 * 576 * 2
+
+
+def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
+    config = ModelConfig.from_name("llama-3-70b")
+    one = StepModel.for_device(config, "H100 SXM")
+    four = StepModel.for_device(config, "H100 SXM", devices=4)
+    assert four.link == link_bandwidth("NVLink H100") == 450e9
+    shape = Shape.of_rows([(1, 1000)] * 64)
+    k1, k4 = by_name(one.kernels(shape)), by_name(four.kernels(shape))
+    assert k4["linear"].seconds == pytest.approx(k1["linear"].seconds / 4)
+    ring = 2 * 80 * 2 * 3 / 4 * 64 * 8192 * 2          # 2 all-reduces a layer, 64 tokens
+    assert k4["collective"].seconds == pytest.approx(ring / 450e9)
+    with pytest.raises(ValueError, match="no GPU link"):
+        StepModel.for_device(config, "H100 PCIe", devices=2)
+
+
+def test_blocks_for_tokens_is_a_ceiling():
+    assert [blocks_for(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-3-8b", "qwen2.5-7b"])
+def test_what_a_step_reads_is_formulas_decode_bytes_and_the_memory_held_includes_the_embedding(name):
+    # one meaning each: formulas.weight_bytes is what the weights occupy (input embedding
+    # included); a step reads the linear layers and the LM head (formulas.decode_bytes_per_step)
+    config = ModelConfig.from_name(name)
+    model = StepModel.for_device(config, "H100 SXM", "int4 weights")
+    assert model.weight_bytes_read() == formulas.decode_bytes_per_step(config, 0.5)
+    assert formulas.weight_bytes(config, 0.5) >= model.weight_bytes_read()
