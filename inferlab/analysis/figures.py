@@ -8,8 +8,12 @@
   axes (where data can reach it: measured data move from run to run, so the check refuses the
   place, not only an overlap seen once), a legend that covers plotted data or labels, a data
   point drawn outside the axes (clipped away), and lines or markers that no legend entry
-  explains when the axes has a legend. The plotting helpers' tests and the book's figure test
-  call it.
+  explains when the axes has a legend. The plotting helpers' tests call it, and so does the
+  book build, through ``check_figures_as_shown``.
+- ``check_figures_as_shown``: in a Jupyter kernel, run ``figure_problems`` on every figure as the
+  notebook shows it, and gather what it finds. Each chapter turns it on in a hidden cell after
+  its imports and asserts in a hidden last cell that nothing was found, so the build that
+  executes a chapter also checks its figures: one execution serves the book and the test.
 """
 
 from __future__ import annotations
@@ -169,4 +173,45 @@ def figure_problems(fig) -> list[str]:
                 if style not in explained:
                     problems.append(f"{ax.get_title()!r}: marker {style[0]!r} drawn with no "
                                     "legend entry that explains it")
+    return problems
+
+
+def check_figures_as_shown() -> list[str]:
+    """Check each figure the notebook shows with ``figure_problems``; return the list the problems
+    gather in (empty while every figure is readable).
+
+    It wraps the kernel's display formatter for matplotlib figures (the inline backend shows a
+    figure by formatting it, whether a cell calls ``plt.show()`` or just ends), so the check sees
+    exactly the figures a reader sees, as they are drawn. Outside an IPython kernel, or before
+    pyplot has set up the inline backend, it changes nothing and the list stays empty.
+    """
+    problems: list[str] = []
+    shown = [0]                # figures checked so far, to name each in a message
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return problems
+    shell = get_ipython()
+    if shell is None:
+        return problems
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    plt.close(plt.figure())    # the inline backend registers its formatter with a first figure
+    for mime in ("image/png", "image/svg+xml"):
+        formatter = shell.display_formatter.formatters.get(mime)
+        try:
+            show = formatter.lookup_by_type(Figure)
+        except (AttributeError, KeyError):
+            continue
+
+        def checked(fig, _show=show):
+            shown[0] += 1
+            title = fig._suptitle.get_text() if fig._suptitle else ""
+            title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
+            problems.extend(f"figure {shown[0]} ({title!r}): {p}" for p in figure_problems(fig))
+            return _show(fig)
+
+        formatter.for_type(Figure, checked)
+        break                  # one format is enough: each figure is checked once
     return problems
