@@ -116,14 +116,12 @@ def fp8_activation_tiles(x: torch.Tensor, fmt: str = "e4m3", tile: int = 128) ->
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """``x`` (already scaled) rounded to the nearest E2M1 value, ties to even, saturating at 6."""
     grid = torch.tensor(E2M1_VALUES)
+    mids = (grid[1:] + grid[:-1]) / 2                                  # 0.25, 0.75, ..., 5
     mag = x.abs().float().clamp(max=E2M1_MAX)
-    dist = (mag[..., None] - grid).abs()                               # (..., 8)
-    best = dist.min(-1, keepdim=True).values
-    ties = dist == best
+    code = torch.bucketize(mag, mids)            # a value on a midpoint gets the lower code
+    tie = (code < len(mids)) & (mag == mids[code.clamp(max=len(mids) - 1)])
     # On a tie, prefer the value whose mantissa bit is 0 (codes 0, 2, 4, 6: 0, 1, 2, 4).
-    even = torch.tensor([c % 2 == 0 for c in range(8)])
-    code = torch.where((ties & even).any(-1), (ties & even).float().argmax(-1),
-                       ties.float().argmax(-1))
+    code = torch.where(tie & (code % 2 == 1), code + 1, code)
     out = grid[code] * torch.sign(x.float())
     return torch.where(x.isnan(), x.float(), out)
 
