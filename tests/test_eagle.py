@@ -130,3 +130,9 @@ def test_committed_head_loads_on_the_course_target():
     plain = generate(target, torch.tensor(prompt), 24)[0].tolist()
     tokens, _ = _spec(target, head, prompt, 24, 4)
     assert tokens == plain
+
+
+def test_a_one_token_prompt_drafts_nothing_at_first_and_stays_exact(target):
+    plain = generate(target, torch.tensor([7]), 12)[0].tolist()
+    tokens, stats = _spec(target, _head(target), [7], 12, 3)
+    assert tokens == plain and stats.drafted[0] == 0

@@ -128,6 +128,8 @@ class EagleDrafter:
             return [], None
         dev = self.target.model.device
         start, true_len = self.cache.length, len(tokens) - 1  # slots 0..len-2 have true features
+        if true_len == start:  # a one-token prompt: no feature to draft from yet
+            return [], None
         feats = self.target.features[start:true_len][None]                 # (1, T, d)
         toks = torch.tensor([tokens[start + 1:true_len + 1]], device=dev)  # (1, T)
         drafted, probs = [], []
