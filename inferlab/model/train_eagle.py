@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
 from inferlab.model import corpus
 from inferlab.model.eagle import EagleHead, head_loss, save_head, target_features
@@ -130,6 +129,8 @@ def main(argv=None) -> int:
     load_start, t0 = os.getloadavg(), time.perf_counter()
     path = checkpoint_path(TARGET)
     target = load_checkpoint(path).eval()
+    from tokenizers import Tokenizer  # optional dependency (the hf extra), as for training
+
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))  # the raw BPE, as train uses
     stream = token_stream(tokenizer, corpus.read_split("train"))
     val_stream = token_stream(tokenizer, corpus.held_out("validation"))
