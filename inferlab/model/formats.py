@@ -7,14 +7,16 @@ and Blackwell GPUs compute in are small *floats* with scales:
   finite 57,344, more range, fewer digits). torch holds both (``torch.float8_e4m3fn``,
   ``torch.float8_e5m2``) and converts to them on the CPU. A float scale maps the tensor into the
   format's range: one per tensor, one per output channel, or, as DeepSeek-V3 trains and serves
-  (its report, Sec. 3.3 "FP8 training"; ``weight_block_size: [128, 128]`` in its config), one per
-  128 x 128 block of a weight and one per 1 x 128 tile of an activation (each token, each 128
-  channels), computed on the fly.
+  (technical report arXiv:2412.19437, FP8 training; its released ``config.json`` has
+  ``quantization_config`` fmt e4m3, ``weight_block_size: [128, 128]``, dynamic activations), one
+  per 128 x 128 block of a weight and one per 1 x 128 tile of an activation (each token, each
+  128 channels), computed on the fly as amax / 448.
 - **MXFP4** (OCP Microscaling Formats v1.0): blocks of 32 FP4 E2M1 elements share one scale that
   is a power of two, stored as an 8-bit exponent (E8M0, bias 127, code 255 = NaN). The spec's
   scale is X = 2^(floor(log2(max |v|)) - emax), emax = 2 for E2M1 (its largest value, 6, is
   1.5 x 2^2); elements v / X are rounded to E2M1, those beyond 6 clamped to 6. A block holding a
-  NaN or an infinity gets the NaN scale, and decodes as NaN.
+  NaN or an infinity gets the NaN scale and decodes as NaN (the spec's rule as torchao's
+  ``mx_tensor.py`` implements it, "section 6.3", FLOOR mode).
 - **NVFP4** (NVIDIA, Blackwell): blocks of 16 E2M1 elements, each block with an FP8 E4M3 scale,
   and one FP32 scale per tensor that places the block scales in E4M3's range: tensor scale
   amax / (6 x 448), block scale (block amax / 6) / tensor scale rounded to E4M3 (torchao's

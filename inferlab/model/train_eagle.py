@@ -17,7 +17,6 @@ windows (the validation split). The head is stored in bfloat16 under
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
