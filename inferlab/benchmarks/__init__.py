@@ -7,7 +7,9 @@ modules; nothing in the labs or the book imports a benchmark. ``prefill`` compar
 with Hugging Face transformers where transformers is installed (it is not a requirement).
 ``speculative`` measures speculative decoding with the course's trained pair at batch 1 (CPU or
 GPU; it records to ``data/measurements/`` only with ``--json``). ``quant`` times int8 weight-only
-decode against float and scores each weight format's perplexity (Chapter 5). ``prefill_decode``
+decode against float and scores each weight format's perplexity (Chapter 5); ``formats`` scores
+FP8, MXFP4, NVFP4 and the FP8 KV cache beside int8 and int4. ``eagle`` measures the EAGLE-style
+head against the two-layer draft (acceptance, cost, speed-up against k and temperature). ``prefill_decode``
 measures chunked prefill on the engine and, with ``--goodput``, runs
 ``disaggregation_study``, Chapter 7's simulated cluster study. ``loadgen_agreement`` runs
 Chapter 9's load generator against the course server and compares its view with the engine's
