@@ -5,39 +5,22 @@ import asyncio
 import json
 import socket
 import threading
-from functools import lru_cache
 
 import httpx
 import openai
 import pytest
 import torch
 
-from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
-from inferlab.serve.app import Detokenizer, create_app
-from inferlab.serve.background import BackgroundServer
+from course_server import NAME, model_and_tokenizer, start
+from inferlab.serve.app import Detokenizer
 from inferlab.serve.tenants import Tenants
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
-from inferlab.serving.online import OnlineEngine
 from inferlab.serving.request import Request
 
-NAME = "course-target"
-
-
-@lru_cache(maxsize=None)
-def model_and_tokenizer():
-    path = checkpoint_path(NAME)
-    model = load_checkpoint(path)
-    return model, load_tokenizer(path, model)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def start(config=ServingConfig(num_blocks=256, max_batch=32), prefix_cache=False, **kwargs):
-    model, tok = model_and_tokenizer()
-    engine = OnlineEngine(model, config, prefix_cache=prefix_cache)
-    return BackgroundServer(create_app(engine, tok, NAME, **kwargs)), engine
 
 
 @pytest.fixture

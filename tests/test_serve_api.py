@@ -6,12 +6,11 @@ and a ``--help`` that documents every flag."""
 import json
 import logging
 import types
-from functools import lru_cache
 
 import httpx
 import pytest
 
-from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
+from course_server import NAME, model_and_tokenizer, start
 from inferlab.serve import app as app_module
 from inferlab.serve.__main__ import parser
 from inferlab.serve.app import create_app
@@ -23,24 +22,15 @@ from inferlab.serving.engine import serve
 from inferlab.serving.online import OnlineEngine
 from inferlab.serving.request import Request
 
-NAME = "course-target"
 BODY = {"model": NAME, "prompt": "def parse(line):", "max_tokens": 6, "temperature": 0}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@lru_cache(maxsize=None)
-def model_and_tokenizer():
-    path = checkpoint_path(NAME)
-    model = load_checkpoint(path)
-    return model, load_tokenizer(path, model)
-
-
 @pytest.fixture(scope="module")
 def server():
-    model, tok = model_and_tokenizer()
-    engine = OnlineEngine(model, ServingConfig(num_blocks=128, max_batch=4))
-    with BackgroundServer(create_app(engine, tok, NAME, stats_interval_s=0)) as srv:
+    srv, engine = start(ServingConfig(num_blocks=128, max_batch=4), stats_interval_s=0)
+    with srv:
         yield srv, engine
 
 

@@ -15,37 +15,24 @@ from functools import lru_cache
 
 import httpx
 import pytest
-import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
-from inferlab.serve.app import create_app
-from inferlab.serve.background import BackgroundServer
+from course_server import NAME, model_and_tokenizer, start
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
-from inferlab.serving.online import OnlineEngine
 from inferlab.serving.request import SEED_MAX, SEED_MIN, Request
 
-NAME = "course-target"
 MAX_EXAMPLES = 50
 PROMPTS = ["def parse(line):", "import os\n", "class Node:", "for i in range(", "x = "]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@lru_cache(maxsize=None)
-def model_and_tokenizer():
-    path = checkpoint_path(NAME)
-    model = load_checkpoint(path)
-    return model, load_tokenizer(path, model)
-
-
 @pytest.fixture(scope="module")
 def server():
-    model, tok = model_and_tokenizer()
-    engine = OnlineEngine(model, ServingConfig(num_blocks=128, max_batch=4))
-    with BackgroundServer(create_app(engine, tok, NAME, max_waiting=64)) as srv:
+    srv, engine = start(ServingConfig(num_blocks=128, max_batch=4), max_waiting=64)
+    with srv:
         yield srv, engine
     assert not engine._thread.is_alive()
 
