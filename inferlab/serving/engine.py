@@ -25,13 +25,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from inferlab.analysis import formulas
 from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Run, WallClock, run_loop
 from inferlab.serving import paged_cache
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
 from inferlab.serving.runner import ModelRunner
 from inferlab.serving.scheduler import Scheduler, resolve_policy
@@ -87,7 +86,7 @@ class Engine:
             raise ValueError("Engine needs config.num_blocks; serve() sizes the pool for you")
         resolve_policy(config.policy)  # an unknown policy fails here, not halfway through
         self.model, self.config = model, config
-        self.cache = PagedKVCache.for_model(model, config)
+        self.cache = pool_for(model, config)
 
     @property
     def num_blocks(self) -> int:

@@ -45,7 +45,7 @@ from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Server, WallClock
 from inferlab.serving.metrics import RequestTiming
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.prefix_cache import PrefixCachingBlockManager
 from inferlab.serving.request import Request, Sequence, validate_request
 from inferlab.serving.runner import ModelRunner
@@ -133,7 +133,7 @@ class OnlineEngine:
                              "policy='chunked'): a prompt then starts after its cached blocks")
         self.model, self.config = model, config
         self.eos_token_ids = tuple(eos_token_ids)
-        self.cache = PagedKVCache.for_model(
+        self.cache = pool_for(
             model, config, memory_class=PrefixCachingBlockManager if prefix_cache else BlockManager)
         self.scheduler = Scheduler(config, self.cache.memory)
         self.clock = WallClock()

@@ -165,18 +165,14 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, config, use_triton: bool | None = None,
                   memory_class=BlockManager) -> "PagedKVCache":
-        """A pool shaped for ``model`` (an ``inferlab.model.llama.Llama``) with the blocks of
-        ``config`` (a ``ServingConfig``), in the model's dtype (or int8 codes, with
-        ``config.kv_cache_dtype="int8"``: an ``Int8PagedKVCache``) and on its device, managed by
-        a ``memory_class`` (a ``BlockManager``, or the prefix-caching one)."""
+        """A pool of this class shaped for ``model`` (an ``inferlab.model.llama.Llama``) with the
+        blocks of ``config`` (a ``ServingConfig``), computing in the model's dtype on its device,
+        managed by a ``memory_class`` (a ``BlockManager``, or the prefix-caching one).
+        ``inferlab.serving.paged_int8.pool_for`` picks the class the config asks for."""
         if config.num_blocks is None:
             raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
         memory = memory_class(config.num_blocks, config.block_size, config.watermark)
-        if cache_dtype(model, config) == torch.int8:
-            from inferlab.serving.paged_int8 import Int8PagedKVCache
-            return Int8PagedKVCache(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype,
-                                    model.device, n_heads=c.n_heads)
         return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
                    use_triton, c.n_heads)
 

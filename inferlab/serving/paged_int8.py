@@ -21,7 +21,7 @@ import torch
 
 from inferlab.model.kv_cache import Int8KVCache
 from inferlab.serving.block_manager import BlockManager
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_cache import PagedKVCache, cache_dtype
 
 
 class Int8PagedKVCache(PagedKVCache):
@@ -71,3 +71,12 @@ class Int8PagedKVCache(PagedKVCache):
         k_pool = (self.k[layer].float() * self.k_scale[layer][:, :, None, :]).to(cd)
         v_pool = (self.v[layer].float() * self.v_scale[layer][..., None]).to(cd)
         return k, v, k_pool, v_pool  # pools: (blocks, K, D, S), (blocks, K, S, D)
+
+
+def pool_for(model, config, **kwargs) -> PagedKVCache:
+    """The pool ``config`` (a ``ServingConfig``) asks for, for ``model``: int8 codes with
+    ``config.kv_cache_dtype="int8"``, K and V in the model's dtype otherwise (``kwargs`` go to
+    ``PagedKVCache.for_model``). The engine, the online engine and the simulator build theirs
+    here."""
+    cls = Int8PagedKVCache if cache_dtype(model, config) == torch.int8 else PagedKVCache
+    return cls.for_model(model, config, **kwargs)

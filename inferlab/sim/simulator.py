@@ -35,7 +35,7 @@ import torch
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence, longest_tokens
 from inferlab.serving.runner import ModelRunner
 from inferlab.serving.scheduler import Scheduler
@@ -170,7 +170,7 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
     config = config or ServingConfig()
     longest = max(max(prefill_lens), max(contexts) + 1)
     num_blocks = max(batches) * blocks_for(longest, config.block_size) + 1
-    cache = PagedKVCache.for_model(model, config.replace(num_blocks=num_blocks))
+    cache = pool_for(model, config.replace(num_blocks=num_blocks))
     runner = ModelRunner(model, cache)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
