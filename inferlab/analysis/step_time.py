@@ -122,7 +122,8 @@ class Kernel:
 
     @property
     def seconds(self) -> float:
-        return np.maximum(self.compute_s, self.memory_s)  # numbers, or arrays of shapes
+        t = np.maximum(self.compute_s, self.memory_s)  # numbers, or arrays of shapes
+        return float(t) if np.ndim(t) == 0 else t
 
     @property
     def bound(self) -> str:
@@ -263,7 +264,8 @@ class StepModel:
         """THE step time: the sum of the kernels' rooflines, plus the fixed overhead."""
         if np.all(np.asarray(shape.tokens) <= 0):
             return 0.0
-        return sum(k.seconds for k in self.kernels(shape)) + self.overhead_s
+        total = sum(k.seconds for k in self.kernels(shape)) + self.overhead_s
+        return float(total) if np.ndim(total) == 0 else total  # a number stays a Python float
 
     # --- the shapes callers ask about ---------------------------------------------------
     def rows_s(self, rows: Iterable[tuple[float, float]]) -> float:
