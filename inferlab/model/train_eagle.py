@@ -27,7 +27,7 @@ import torch
 
 from inferlab.model import corpus
 from inferlab.model.eagle import EagleHead, head_loss, save_head, target_features
-from inferlab.model.train import learning_rate, token_stream, windows
+from inferlab.model.train import TrainConfig, learning_rate, token_stream, windows
 from inferlab.model.weights import checkpoint_path, load_checkpoint
 
 TARGET = "course-target"
@@ -35,21 +35,20 @@ OUT_NAME = "course-eagle"
 
 
 @dataclass(frozen=True)
-class HeadPlan:
+class HeadPlan(TrainConfig):
+    """The target's training schedule (``TrainConfig``: AdamW, warm-up, cosine decay), with
+    the head's sizes and its own settings: steps unrolled on its own features, the weight of
+    the token loss, and the feature noise."""
+
     steps: int = 1200
     batch: int = 8
     seq_len: int = 128
-    lr: float = 3e-3
-    warmup: int = 20
-    final_lr_ratio: float = 0.1
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    eval_every: int = 200
+    eval_windows: int = 16
     unroll: int = 2
     w_cls: float = 0.1
     noise: float = 0.2
-    eval_every: int = 200
-    eval_windows: int = 16
-    seed: int = 0
 
 
 @torch.no_grad()
