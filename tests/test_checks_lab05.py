@@ -68,7 +68,35 @@ def step(config, context, bw, kv, embeddings=False, with_kv=True, window=True):
     return n * bw + (kvb if with_kv else 0)
 
 
+GRID = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0))  # E2M1 magnitudes
+
+
+def mxfp4(w, block=32, pow2=True, integer_grid=False, zero_guard=True, emax=2):
+    N, K = w.shape
+    b = w.float().reshape(N, K // block, block)
+    amax = b.abs().amax(-1, keepdim=True)
+    if pow2:
+        scale = torch.exp2(torch.floor(torch.log2(amax)) - emax)
+    else:
+        scale = amax / 6
+    if zero_guard:
+        scale = torch.where(amax > 0, scale, torch.ones_like(scale))
+    x = b / scale
+    if integer_grid:
+        q = x.round().clamp(-6, 6)
+    else:
+        q = GRID[(x.abs().clamp(max=6).unsqueeze(-1) - GRID).abs().argmin(-1)] * x.sign()
+    return (q * scale).reshape(N, K)
+
+
 CASES = {
+    "mxfp4_round": (mxfp4, [
+        lambda w: mxfp4(w, pow2=False),          # a real-valued scale max / 6, not a power of 2
+        lambda w: mxfp4(w, integer_grid=True),   # rounded to integers, not to the E2M1 grid
+        lambda w: mxfp4(w, block=16),            # NVFP4's block size
+        lambda w: mxfp4(w, zero_guard=False, integer_grid=True),  # 0/0 in a zero block: NaN
+        lambda w: mxfp4(w, emax=3),              # the scale one power of two too large
+    ]),
     "quantize_groups": (quantize, [
         lambda w, b, G: quantize(w, b, G, qmax=2 ** b - 1),            # the unsigned range
         lambda w, b, G: quantize(w, b, G, rounding=torch.trunc),       # truncated
@@ -118,3 +146,13 @@ def test_specific_hints():
         lab05.int8_linear(CASES["int8_linear"][1][0])
     with pytest.raises(CheckFailed, match="keeps a float tensor"):
         lab05.int8_linear(KeepsFloat)
+
+
+def test_mxfp4_hints_say_what_went_wrong():
+    bugs = CASES["mxfp4_round"][1]
+    with pytest.raises(CheckFailed, match="power of two"):
+        lab05.mxfp4_round(bugs[0])
+    with pytest.raises(CheckFailed, match="E2M1 grid"):
+        lab05.mxfp4_round(bugs[1])
+    with pytest.raises(CheckFailed, match="log2\\(0\\)"):
+        lab05.mxfp4_round(bugs[3])

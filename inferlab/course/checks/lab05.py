@@ -2,7 +2,9 @@
 (scales from each group's largest magnitude, a round-trip error of at most half a step),
 ``inferlab.model.quant`` for codes and dequantized weights, a float ``nn.Linear`` on the
 dequantized weight, a dispatch mode that watches every tensor a layer's forward pass creates,
-and ``inferlab.analysis.formulas`` for the bytes a decode step reads.
+``inferlab.analysis.formulas`` for the bytes a decode step reads, and
+``inferlab.model.formats`` (the OCP MX rule: a power-of-two scale per block of 32, elements
+rounded to FP4 E2M1) for MXFP4.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from torch import nn
 from inferlab.analysis import formulas
 from inferlab.course.checks import (CheckFailed, expect_close, expect_tensor_close, lends,
                                     run_check)
-from inferlab.model import quant
+from inferlab.model import formats, quant
 from inferlab.model.config import ModelConfig
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
 # --weights file overrides them): more for the exercises that are more code.
-WEIGHTS = {"5.1": 2, "5.2": 1, "5.3": 3, "5.4": 1}
+WEIGHTS = {"5.1": 2, "5.2": 1, "5.3": 3, "5.4": 1, "5.5": 2}
 
 
 def _weights(seed: int, rows: int = 6, cols: int = 128) -> torch.Tensor:
@@ -189,3 +191,65 @@ def step_bytes(fn):
                                   "(formulas.kv_tokens_held)")
     return run_check("5.4", "step_bytes", fn, formulas.quantized_step_bytes, cases,
                      success="weights at their new price, plus the K/V the step reads.")
+
+
+def _reference_mxfp4(w):
+    return formats.mxfp4_quantize(w)[0].float()
+
+
+def mxfp4_round(fn):
+    """Exercise 5.5: ``mxfp4_round(w) -> w_hat`` (N, K) float32: ``w`` rounded to MXFP4 along
+    each row, blocks of 32 sharing a power-of-two scale, elements on the E2M1 grid."""
+    def cases(f):
+        for seed, (rows, cols) in enumerate(((4, 64), (6, 128), (3, 96))):
+            w = _weights(50 + seed, rows, cols)
+            if seed == 0:
+                w[1, 32:64] = 0.0  # an all-zero block: its numbers must stay 0
+            what = f"mxfp4_round(w of shape {(rows, cols)})"
+            got = f(w.clone())
+            ref = _reference_mxfp4(w)
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != (rows, cols):
+                raise CheckFailed(f"{what} returned {_describe(got)}, expected a float tensor of "
+                                  f"shape {(rows, cols)}.\n  Hint: reshape the blocks back to "
+                                  "(N, K) at the end")
+            if not torch.isfinite(got).all():
+                raise CheckFailed(f"{what} returned NaN or infinite numbers, expected finite "
+                                  "ones.\n  Hint: a block of zeros has max |w| = 0 and log2(0) "
+                                  "= -inf; give such a block any scale (1.0), its codes are 0")
+            blocks = w.reshape(rows, cols // 32, 32)
+            amax = blocks.abs().amax(-1, keepdim=True)
+            scale = torch.exp2(torch.floor(torch.log2(amax.clamp(min=1e-30))) - 2)
+            ratio = (got.reshape(rows, cols // 32, 32) / scale).abs()
+            grid = torch.tensor(formats.E2M1_VALUES)
+            def off(scaled):  # the share of numbers that are not E2M1 values at this scale
+                return float(((scaled.abs().unsqueeze(-1) - grid).abs().amin(-1) > 1e-4)
+                             .float().mean())
+            off_grid = off(ratio)
+            real_scale = off((got.reshape(rows, cols // 32, 32) / (amax / 6).clamp(min=1e-30)))
+            differ = float(((got.float() - ref).abs() > 1e-6 * ref.abs().amax()).float().mean())
+            if differ > 0.005:
+                hint = ("the scale is 2 ** (floor(log2(max |w| of the block)) - 2): a power of "
+                        "two, not max/6 (E2M1's largest exponent is 2, its largest value 6 = "
+                        "1.5 x 2^2); each element w / scale goes to the nearest of "
+                        "0, 0.5, 1, 1.5, 2, 3, 4, 6 (clamped at 6), sign kept")
+                if off_grid > 0.01 and real_scale < 0.01:
+                    hint = ("your numbers are E2M1 values times max |w| / 6, a real-valued "
+                            "scale; MX stores the scale as a power of two (E8M0): "
+                            "2 ** (floor(log2(max |w|)) - 2)")
+                elif off_grid > 0.01:
+                    hint = ("dividing your numbers by the block's power-of-two scale does not "
+                            "land them on the E2M1 grid 0, 0.5, 1, 1.5, 2, 3, 4, 6: round each "
+                            "w / scale to the nearest grid value (not to an integer), with "
+                            "blocks of 32 consecutive numbers of a row, and scale = "
+                            "2 ** (floor(log2(max |w|)) - 2)")
+                raise CheckFailed(f"{what}: {differ:.1%} of your numbers differ from the OCP MX "
+                                  "rule's, expected (almost) none.\n  Hint: " + hint)
+    return run_check("5.5", "mxfp4_round", fn, lends(_reference_mxfp4, formats.mxfp4_quantize),
+                     cases, success="blocks of 32, a power-of-two scale each, every number on "
+                                    "the E2M1 grid: the OCP MX rule.")
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
