@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from inferlab.model.chat_template import CHAT_TEMPLATE
+
 EOS_TOKEN = "<|endoftext|>"
 
 
@@ -57,7 +59,7 @@ def save_tokenizer(tokenizer, path: str | Path) -> Path:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
               "bos_token": None, "pad_token": None, "unk_token": None,
               "clean_up_tokenization_spaces": False, "add_bos_token": False,
-              "add_eos_token": False}
+              "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n",
                                                 encoding="utf-8")
     return path

@@ -19,6 +19,9 @@
   vLLM does), while the engine serves the rest.
 - It logs a banner when it starts and serving stats every ``stats_interval_s`` seconds
   (``inferlab.serve.logs``).
+- ``POST /v1/chat/completions``: the same, for a conversation rendered into a prompt by the
+  tokenizer's chat template, answered in the Chat Completions format (``inferlab.serve.chat``;
+  both endpoints share one handler and differ in their response shape, ``inferlab.serve.shapes``).
 - ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
   stopped), ``GET /metrics``
   (Prometheus text, ``inferlab.serve.metrics``).
@@ -41,10 +44,12 @@ from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferlab.serve.chat import add_chat_route
 from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
-from inferlab.serve.protocol import (API_NAMES, CompletionRequest, completion, completion_id,
-                                     error_body, model_list, single_prompt, usage, usage_chunk)
+from inferlab.serve.protocol import (API_NAMES, CompletionRequest, error_body, model_list,
+                                     single_prompt, usage)
+from inferlab.serve.shapes import TextShape
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import InvalidRequestError
@@ -199,7 +204,11 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
     @app.post("/v1/completions")
     async def completions(request: Request):
         received = engine.clock.now()  # the request's arrival, for the engine's timing of it
-        req = parse(await request.body())
+        return await serve(request, parse(await request.body()), received, TextShape())
+
+    async def serve(request: Request, req: CompletionRequest, received: float, shape):
+        """Run ``req`` and answer in ``shape`` (``inferlab.serve.shapes``): the one path of
+        both generation endpoints."""
         if req.model != model_name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
                            f"{model_name!r}", param="model", code="model_not_found")
@@ -227,7 +236,7 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
         except EngineClosedError as e:
             tenants.release(tenant)
             raise APIError(503, str(e), "server_error", retry=True) from None
-        cid, detok = completion_id(), Detokenizer(tokenizer, req.stops)
+        cid, detok = shape.new_id(), Detokenizer(tokenizer, req.stops)
         created, n_prompt = int(time.time()), len(er.prompt)  # this response's creation time
         with_usage = req.include_usage  # stream_options: usage on its own last chunk
 
@@ -241,8 +250,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                             break
                         # a chunk per token, even when its text is held back (""), so that a
                         # client's chunk times are token times
-                        chunk = json.dumps(completion(cid, model_name, delta, None, None,
-                                                      created, with_usage))
+                        chunk = json.dumps(shape.chunk(cid, model_name, delta, None, created,
+                                                       with_usage))
                         if first_chunk_s is None:
                             first_chunk_s = engine.clock.now()
                         yield chunk
@@ -251,10 +260,10 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
                     if reason == "error":  # as vLLM does: an error object, then [DONE]
                         yield json.dumps(engine_failed(stream).body)
                     else:
-                        yield json.dumps(completion(cid, model_name, delta, reason, None,
-                                                    created, with_usage))
+                        yield json.dumps(shape.chunk(cid, model_name, delta, reason, created,
+                                                     with_usage))
                         if with_usage:
-                            yield json.dumps(usage_chunk(cid, model_name, usage(
+                            yield json.dumps(shape.usage_chunk(cid, model_name, usage(
                                 n_prompt, len(stream.tokens)), created))
                     yield "[DONE]"
                 finally:
@@ -282,8 +291,10 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
             tenants.release(tenant)
         if reason == "error":
             raise engine_failed(stream)
-        return completion(cid, model_name, "".join(text), reason,
-                          usage(n_prompt, len(stream.tokens)), created)
+        return shape.response(cid, model_name, "".join(text), reason,
+                              usage(n_prompt, len(stream.tokens)), created)
+
+    add_chat_route(app, serve, tokenizer, engine.model.config.max_seq_len)
 
     @app.get("/v1/models")
     async def models():

@@ -1,0 +1,125 @@
+"""``POST /v1/chat/completions``: a conversation in, the assistant's next turn out.
+
+OpenAI calls its Completions API legacy, and engines serve Chat Completions first (vLLM's
+OpenAI-compatible server, SGLang's). A chat request is a completion request whose prompt is a
+list of ``messages``; the server renders them into one text with the tokenizer's chat template
+(``inferlab.model.chat_template``), appending the opening of the assistant's turn, and from
+there runs exactly what ``/v1/completions`` runs (the same handler, ``create_app``'s ``serve``),
+answering in the chat shape (``inferlab.serve.shapes.ChatShape``): a ``chat.completion`` with a
+``message``, or a stream of ``chat.completion.chunk`` deltas, then, with
+``stream_options.include_usage``, a last chunk with the token counts, then ``[DONE]``.
+
+The body: ``model``, ``messages`` (each ``{"role", "content"}``; roles ``system``,
+``developer``, ``user``, ``assistant``; content a string or a list of ``{"type": "text",
+"text"}`` parts), ``max_completion_tokens`` or the older ``max_tokens`` (default: the rest of
+the model's context), and every sampling field ``/v1/completions`` takes, checked by the same
+code with the same messages. Tool calls (``tools``, ``tool_choice``), ``response_format``
+other than plain text, and log probabilities are refused with a 400 that names the field,
+rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from inferlab.model.chat_template import TemplateError, load_chat_template, render_chat
+from inferlab.serve.protocol import CompletionRequest
+from inferlab.serve.shapes import ChatShape
+
+ROLES = ("system", "developer", "user", "assistant")
+
+# Chat fields this server does not implement, accepted only at their "off" value.
+CHAT_NOT_IMPLEMENTED = {
+    "tools": ((None, []), "tool calling is not implemented"),
+    "tool_choice": ((None, "none"), "tool calling is not implemented"),
+    "response_format": ((None, {"type": "text"}), "only plain text responses are produced"),
+    "logprobs": ((None, False), "log probabilities are not returned"),
+    "top_logprobs": ((None, 0), "log probabilities are not returned"),
+}
+
+
+def message_text(message, i: int) -> dict:
+    """One message as ``{"role", "content"}`` with string content; ValueError says what is
+    wrong with it, naming ``messages[i]``."""
+    if not isinstance(message, dict):
+        raise ValueError(f"messages[{i}] must be an object with a role and a content")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+    if isinstance(content, list):  # content parts: only text ones
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise ValueError(f"messages[{i}].content: only text parts "
+                             '({"type": "text", "text": ...}) are supported')
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+    return {"role": role, "content": content}
+
+
+def completion_body(data: dict, template: str, tokenizer, max_context: int) -> dict:
+    """The ``/v1/completions`` body that a chat request ``data`` stands for: its messages
+    rendered into ``prompt`` and its token limit as ``max_tokens``. Raises ``ValueError`` with
+    ``(param, message)`` as args for a body it cannot serve."""
+    body = dict(data)
+    messages = body.pop("messages", None)
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages", "messages must be a non-empty list of messages")
+    try:
+        turns = [message_text(m, i) for i, m in enumerate(messages)]
+    except ValueError as e:
+        raise ValueError("messages", str(e)) from None
+    for field, (off, why) in CHAT_NOT_IMPLEMENTED.items():
+        value = body.pop(field, None)
+        if value not in off:
+            raise ValueError(field, f"{field}={value!r} is not supported by this server: {why}; "
+                                    "leave it out")
+    try:
+        prompt = render_chat(template, turns, add_generation_prompt=True)
+    except TemplateError as e:
+        raise ValueError("messages", str(e)) from None
+    limit = body.pop("max_completion_tokens", None)
+    limit = body.get("max_tokens") if limit is None else limit
+    if limit is None:  # OpenAI's default: as much as the context leaves
+        limit = max(1, max_context - len(tokenizer.encode(prompt)) + 1)
+    body.update(prompt=prompt, max_tokens=limit)
+    return body
+
+
+def add_chat_route(app, serve, tokenizer, max_context: int) -> None:
+    """Register ``POST /v1/chat/completions`` on ``app``, answered by ``serve`` (the completion
+    handler of ``create_app``) in the chat shape."""
+    template = load_chat_template(tokenizer.path) if str(tokenizer.path) else None
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        from inferlab.serve.app import APIError  # app imports this module
+
+        received = app.state.engine.clock.now()
+        if template is None:
+            raise APIError(400, "this model's tokenizer has no chat template; use "
+                           "/v1/completions", param="messages")
+        try:
+            data = json.loads(await request.body())
+        except ValueError as e:
+            raise APIError(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object")
+        if "prompt" in data:
+            raise APIError(400, "a chat request has messages, not a prompt", param="prompt")
+        try:
+            body = completion_body(data, template, tokenizer, max_context)
+        except ValueError as e:
+            param, message = e.args
+            raise APIError(400, message, param=param) from None
+        try:
+            req = CompletionRequest.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = str(err["loc"][0]) if err["loc"] else None
+            why = err.get("ctx", {}).get("error") or err["msg"]
+            raise APIError(400, f"{param}: {why}", param=param) from None
+        return await serve(request, req, received, ChatShape())
