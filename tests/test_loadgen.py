@@ -168,3 +168,23 @@ def test_the_default_slo_is_chapter_nines(root, capsys):
     shown = " ".join(capsys.readouterr().out.split())
     assert f"(default {DEFAULT_SLO.ttft_s}, Chapter 9's)" in shown
     assert f"(default {DEFAULT_SLO.tpot_s}, Chapter 9's)" in shown
+
+
+def test_the_chat_endpoint_streams_every_token_of_every_request(capsys):
+    """``--endpoint /v1/chat/completions``: the same load as chat calls, every requested token
+    streamed as a timed delta, the server's usage read back."""
+    app = build(max_batch=8, num_blocks=128)
+    load = make_load("random", 4, input_len=8, output_len=5, seed=1)
+    with BackgroundServer(app) as srv:
+        outcomes = run(srv.url, "course-target", load, progress=False,
+                       endpoint="/v1/chat/completions")
+        [row] = main(["--url", srv.url, "--trace", "random", "--random-input-len", "8",
+                      "--random-output-len", "5", "--num-requests", "3", "--no-progress",
+                      "--endpoint", "/v1/chat/completions"])
+    assert all(o.ok and o.status == 200 for o in outcomes)
+    assert [len(o.chunk_times_s) for o in outcomes] == [5] * 4
+    assert [o.completion_tokens for o in outcomes] == [5] * 4
+    assert all(o.response_id.startswith("chatcmpl-") for o in outcomes)
+    assert row["n_requests"] == 3 and "E2E latency" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="endpoint"):
+        run("http://127.0.0.1:9", "m", load, progress=False, endpoint="/v1/responses")

@@ -13,7 +13,8 @@ random``) makes vLLM's random dataset of the given lengths. The model name defau
 one ``/v1/models`` lists; a server that does not answer there gets a one-line error, not a
 traceback. Prints the table of each run and writes the JSON (and, with several runs or
 ``--plot``, the plot next to it); ``--detailed`` adds every request's id, send time and chunk
-times, to match a run request by request with a server's own records.
+times, to match a run request by request with a server's own records. ``--endpoint
+/v1/chat/completions`` drives the Chat Completions API instead of the (default) Completions one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import platform
 import sys
 import time
 
-from inferlab.loadgen.client import RANDOM, ServerUnreachable, make_load, run, served_model
+from inferlab.loadgen.client import (COMPLETIONS, ENDPOINTS, RANDOM, ServerUnreachable, make_load,
+                                     run, served_model)
 from inferlab.loadgen.report import DEFAULT_SLO, detailed, plot, report, table, write_json
 from inferlab.serving.metrics import SLO
 
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--detailed", action="store_true",
                    help="also save every request's id, send time and chunk times in the JSON")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--endpoint", default=COMPLETIONS, choices=ENDPOINTS,
+                   help="the API to drive (default %(default)s; chat sends each prompt as one "
+                        "user message)")
     a = p.parse_args(argv)
     if a.max_concurrency is not None and a.max_concurrency < 1:
         p.error("--max-concurrency must be at least 1")
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         except ValueError as e:
             p.error(str(e))
         outcomes = run(a.url, model, load, api_key=a.api_key, progress=not a.no_progress,
-                       max_concurrency=a.max_concurrency)
+                       max_concurrency=a.max_concurrency, endpoint=a.endpoint)
         if not any(o.ok for o in outcomes):
             first = next((o.error for o in outcomes if o.error), "no tokens streamed")
             sys.exit(f"python -m inferlab.loadgen: error: none of the {len(outcomes)} requests "
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.out:
         meta = {"url": a.url, "model": model, "trace": a.trace, "scale": a.scale,
                 "max_len": a.max_len, "num_requests": a.num_requests, "seed": a.seed,
-                "max_concurrency": a.max_concurrency,
+                "max_concurrency": a.max_concurrency, "endpoint": a.endpoint,
                 **({"random_input_len": a.random_input_len,
                     "random_output_len": a.random_output_len,
                     "random_range_ratio": a.random_range_ratio} if a.trace == RANDOM else {}),

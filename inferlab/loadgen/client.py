@@ -19,6 +19,11 @@ Besides the traces, ``trace="random"`` makes vLLM's random dataset (``--dataset-
 vllm/benchmarks/datasets/random.py): each request's input and output lengths are drawn uniformly
 from [floor(n (1 - r)), ceil(n (1 + r))] around ``input_len`` and ``output_len`` with range ratio
 r (0 by default: every request the same lengths), and its prompt is random token ids.
+
+``endpoint="/v1/chat/completions"`` sends the same load as Chat Completions calls: the prompt
+becomes one user message (``chat_content``: a word per token id, so the length in tokens is
+close to, not exactly, the trace's; the server's usage reports the exact count) and the
+streamed ``chat.completion.chunk`` deltas are timed as the completion chunks are.
 """
 
 from __future__ import annotations
@@ -138,14 +143,32 @@ def served_model(url: str, api_key: str | None = None) -> str:
                                 "the model yourself)") from None
 
 
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+ENDPOINTS = (COMPLETIONS, CHAT)
+
+
+def chat_content(prompt: tuple[int, ...]) -> str:
+    """A chat message standing for token-id prompt ``prompt``: one short word per id."""
+    return " ".join(f"w{t}" for t in prompt)
+
+
+def request_body(model: str, req: LoadRequest, endpoint: str = COMPLETIONS) -> dict:
+    """The streamed request a load sends for ``req`` to ``endpoint``."""
+    body = {"model": model, "max_tokens": req.max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if endpoint == CHAT:
+        return body | {"messages": [{"role": "user", "content": chat_content(req.prompt)}]}
+    if endpoint != COMPLETIONS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    return body | {"prompt": list(req.prompt)}
+
+
 async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: float,
-               out: Outcome, extra: dict) -> None:
-    body = {"model": model, "prompt": list(req.prompt), "max_tokens": req.max_tokens,
-            "temperature": 0, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}, **extra}
+               out: Outcome, extra: dict, endpoint: str = COMPLETIONS) -> None:
+    body = request_body(model, req, endpoint) | extra
     out.sent_s = time.perf_counter() - t0
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as r:
+        async with client.stream("POST", endpoint, json=body) as r:
             out.status = r.status_code
             if r.status_code != 200:
                 out.error = (await r.aread()).decode(errors="replace")[:500]
@@ -171,11 +194,15 @@ async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: floa
 async def run_load(url: str, model: str, load: list[LoadRequest], api_key: str | None = None,
                    progress: bool = True, timeout_s: float = 600.0,
                    max_connections: int = 1000, extra: dict | None = None,
-                   max_concurrency: int | None = None) -> list[Outcome]:
+                   max_concurrency: int | None = None,
+                   endpoint: str = COMPLETIONS) -> list[Outcome]:
     """Send ``load`` to the server at ``url``; one ``Outcome`` per request, in order. With
-    ``max_concurrency``, at most that many requests are in flight at once."""
+    ``max_concurrency``, at most that many requests are in flight at once; ``endpoint``:
+    ``/v1/completions`` or ``/v1/chat/completions``."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
     from tqdm.auto import tqdm
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -191,10 +218,10 @@ async def run_load(url: str, model: str, load: list[LoadRequest], api_key: str |
         async def tracked(req, out):
             await asyncio.sleep(max(0.0, t0 + req.send_at_s - time.perf_counter()))
             if slots is None:
-                await _one(client, model, req, t0, out, extra or {})
+                await _one(client, model, req, t0, out, extra or {}, endpoint)
             else:
                 async with slots:  # wait for a request in flight to finish
-                    await _one(client, model, req, t0, out, extra or {})
+                    await _one(client, model, req, t0, out, extra or {}, endpoint)
             bar.update(1)
         await asyncio.gather(*(tracked(r, o) for r, o in zip(load, outcomes)))
         bar.close()
