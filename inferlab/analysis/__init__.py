@@ -7,6 +7,7 @@ roofline, summed; everything that models a time uses it), ``request_time`` (a re
 against swap), ``attention_io`` (prefill attention's memory traffic, with and without tiling),
 ``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models),
 ``attention_layouts`` (KV bytes of sliding-window, linear-attention and sparse layers),
+``prefix_routing`` (chats over replicas: round-robin against longest cached prefix),
 ``decode_timing`` (one generation step timed: cached decode against recompute),
 ``speculation`` (speculative decoding's expected tokens, speed-up, best k and batch crossover)
 and ``speculative_timing`` (its acceptance, costs and speed-up measured),

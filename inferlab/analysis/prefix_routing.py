@@ -1,0 +1,103 @@
+"""Routing multi-turn chats across replicas: round-robin against longest cached prefix.
+
+Each replica keeps a prefix cache of ``capacity`` KV blocks, least recently used evicted first
+(Chapter 3's prefix cache, by block). A chat session's every turn resends the whole conversation
+so far plus a new message, so its prompt extends the previous one; all sessions also start with
+one shared system prompt. A request *hits* the longest run of its leading blocks that its
+replica holds (a block is only reusable when every block before it is: the chained hash of
+Chapter 3); the rest is prefilled and cached.
+
+Routers: ``round_robin`` ignores the caches; ``prefix_aware`` sends each request to the replica
+holding its longest cached prefix among those not already ahead in load, breaking ties by the
+fewest requests so far: the two signals cache-aware routers weigh (SGLang's router, Dynamo's KV
+router), in their simplest form. ``simulate``
+returns the share of prompt tokens served from cache, the prefill tokens computed, and the load
+of each replica, so that a router that wins hits by piling work onto one replica shows it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatWorkload:
+    sessions: int = 64
+    turns: int = 6
+    system_blocks: int = 8      # the shared system prompt, in blocks
+    turn_blocks: int = 4        # blocks each turn adds (the user's message and the reply)
+    block_size: int = 16
+    seed: int = 0
+
+    def requests(self) -> list[tuple[int, int]]:
+        """(session, turn) in arrival order: sessions interleaved at random, turns in order."""
+        rng = random.Random(self.seed)
+        pending = {s: 0 for s in range(self.sessions)}
+        out = []
+        while pending:
+            s = rng.choice(sorted(pending))
+            out.append((s, pending[s]))
+            pending[s] += 1
+            if pending[s] == self.turns:
+                del pending[s]
+        return out
+
+    def blocks(self, session: int, turn: int) -> list[tuple]:
+        """The prompt's block keys: the shared system blocks, then this session's blocks."""
+        return [("system", i) for i in range(self.system_blocks)] + \
+            [(session, i) for i in range((turn + 1) * self.turn_blocks)]
+
+
+class Replica:
+    """A prefix cache of ``capacity`` blocks with least-recently-used eviction."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.cache, self.requests = capacity, OrderedDict(), 0
+
+    def cached_prefix(self, blocks: list) -> int:
+        n = 0
+        for b in blocks:
+            if b not in self.cache:
+                break
+            n += 1
+        return n
+
+    def serve(self, blocks: list) -> int:
+        """Serve a prompt: returns the blocks found; touches them and caches the rest."""
+        hit = self.cached_prefix(blocks)
+        self.requests += 1
+        for b in blocks:
+            self.cache[b] = True
+            self.cache.move_to_end(b)
+        while len(self.cache) > self.capacity:
+            self.cache.popitem(last=False)
+        return hit
+
+
+def simulate(workload: ChatWorkload, replicas: int, capacity: int, router: str,
+             balance_slack: int = 2) -> dict:
+    """Run ``workload`` through ``replicas`` replicas of ``capacity`` blocks with ``router``.
+    ``prefix_aware`` only considers replicas within ``balance_slack`` requests of the least
+    loaded one (without such a bound every request follows the shared system prompt to one
+    replica)."""
+    pool = [Replica(capacity) for _ in range(replicas)]
+    hit = total = 0
+    for i, (session, turn) in enumerate(workload.requests()):
+        blocks = workload.blocks(session, turn)
+        if router == "round_robin":
+            r = pool[i % replicas]
+        elif router == "prefix_aware":  # longest cached prefix among the not-overloaded
+            least = min(p.requests for p in pool)
+            fair = [p for p in pool if p.requests <= least + balance_slack]
+            r = max(fair, key=lambda p: (p.cached_prefix(blocks), -p.requests))
+        else:
+            raise ValueError(f"router must be round_robin or prefix_aware, got {router!r}")
+        hit += r.serve(blocks)
+        total += len(blocks)
+    loads = [p.requests for p in pool]
+    return {"router": router, "hit_rate": hit / total,
+            "prefill_tokens": (total - hit) * workload.block_size,
+            "prompt_tokens": total * workload.block_size,
+            "load_imbalance": max(loads) / (sum(loads) / len(loads)), "loads": loads}
