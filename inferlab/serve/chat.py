@@ -92,7 +92,8 @@ def completion_body(data: dict, template: str, tokenizer, max_context: int) -> d
 def add_chat_route(app, serve, tokenizer, max_context: int) -> None:
     """Register ``POST /v1/chat/completions`` on ``app``, answered by ``serve`` (the completion
     handler of ``create_app``) in the chat shape."""
-    template = load_chat_template(tokenizer.path) if str(tokenizer.path) else None
+    path = getattr(tokenizer, "path", None)  # a test's stand-in tokenizer may have none
+    template = load_chat_template(path) if path else None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
