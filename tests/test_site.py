@@ -273,8 +273,9 @@ def pages(root, site, server) -> dict[str, dict]:
     return out
 
 
-def _part(root, caption: str) -> list[str]:
-    return catalog.toc_parts(root).get(caption, [])
+def _part(root, kind: str) -> list[str]:
+    """The pages of one kind ("chapter", "lab", "solution") in the table of contents."""
+    return catalog.toc_pages(kind, root)
 
 
 def test_every_page_loads_with_its_title(root, pages):
@@ -289,20 +290,20 @@ def test_every_page_loads_with_its_title(root, pages):
             f"{page}: <title> {seen['title']!r}"
 
 
-@pytest.mark.parametrize("caption", ["Chapters", "Labs", "Solutions"])
-def test_figures_are_present_and_loaded(root, site, pages, caption):
-    files = _part(root, caption)
-    assert files, f"_toc.yml has no part {caption!r}"
+@pytest.mark.parametrize("kind", ["chapter", "lab", "solution"])
+def test_figures_are_present_and_loaded(root, site, pages, kind):
+    files = _part(root, kind)
+    assert files, f"_toc.yml has no {kind} page"
     for page in files:
         images = pages[page]["images"]
         broken = [i["src"] for i in images if not (i["complete"] and i["width"] > 0)]
         assert not broken, f"{page}: images that did not load: {broken}"
         executed = site.parent / "jupyter_execute" / f"{page}.ipynb"
-        if caption != "Labs" and executed.is_file():  # labs are shown unexecuted
+        if kind != "lab" and executed.is_file():  # labs are shown unexecuted
             expected = _image_outputs(executed)
             shown = [i for i in images if "_images/" in (i["src"] or "")]
             assert len(shown) >= expected, f"{page}: {len(shown)} figures shown, {expected} made"
-        if caption == "Chapters" or (caption == "Solutions" and executed.is_file()
+        if kind == "chapter" or (kind == "solution" and executed.is_file()
                                      and _image_outputs(executed)):
             assert images, f"{page} shows no figure"
 
@@ -313,7 +314,7 @@ def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
     branch = config["repository"].get("branch", "main")
     org_repo = url.removeprefix("https://github.com/")
     colab = config["launch_buttons"]["colab_url"].rstrip("/")
-    labs = _part(root, "Labs")
+    labs = _part(root, "lab")
     assert labs and all(p.startswith("labs/") for p in labs)
     for page in labs:
         assert (root / f"{page}.ipynb").is_file()
@@ -326,7 +327,7 @@ def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
 def test_formulas_are_typeset_offline_by_the_sites_own_mathjax(root, pages):
     """MathJax must come from the built site: the browser may reach no other host, so a page
     whose formulas render proves the site works on a closed network."""
-    chapters = _part(root, "Chapters")
+    chapters = _part(root, "chapter")
     assert sum(pages[p]["maths"] for p in chapters) > 50, "the chapters have almost no formulas"
     for page in catalog.toc_files(root):
         seen = pages[page]
