@@ -40,9 +40,13 @@ from bs4 import BeautifulSoup
 
 from inferlab.course import catalog
 
+# The window a reader on a laptop has: 1280 pixels wide, where the theme's content column is
+# about 700 pixels (COLUMN_PX, which the figures are drawn for).
+WINDOW = (1280, 900)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--remote-debugging-port=0", "about:blank"]
+                  "--disable-sync", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                  "--hide-scrollbars", "--remote-debugging-port=0", "about:blank"]
 PAGE_TIMEOUT_S = 60
 
 # Run in the page once it has loaded: wait for every image in the article and for MathJax to
@@ -66,12 +70,30 @@ INSPECT_JS = """
       await Promise.race([MathJax.startup.promise, new Promise(r => setTimeout(r, 20000))]);
     }
   }
+  // What is wider than the column it sits in: a block whose content is wider than its box
+  // scrolls or is cut (outputs, display equations), an image wider than its box is scaled down.
+  const wide = el => el.scrollWidth > el.clientWidth + 1;
+  const where = el => (el.closest('section[id]') || {}).id || '';
+  const outputs = Array.from(document.querySelectorAll(
+      'article .cell_output pre, article .cell_output .output, article .cell_output table'));
+  const overflowing = outputs.filter(wide).map(el => ({
+    section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
+    text: (el.innerText || '').split('\n').sort((a, b) => b.length - a.length)[0].slice(0, 120)}));
+  const equations = Array.from(document.querySelectorAll('article div.math'))
+    .filter(el => { const m = el.querySelector('mjx-container');
+                    return m && (wide(el) || wide(m)); })
+    .map(el => ({section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
+                 text: (el.textContent || '').slice(0, 120)}));
+  const body = document.querySelector('article.bd-article') || document.querySelector('article');
   const h1 = document.querySelector('article h1');
   return JSON.stringify({
     title: document.title,
     h1: h1 ? h1.textContent : '',
     images: imgs.map(i => ({src: i.getAttribute('src'), complete: i.complete,
-                            width: i.naturalWidth})),
+                            width: i.naturalWidth, shown: i.getBoundingClientRect().width})),
+    column: body ? body.clientWidth : 0,
+    overflowing: overflowing,
+    equations: equations,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     maths: maths.length,
     typeset: Array.from(maths).filter(m => m.querySelector('mjx-container')).length,
@@ -404,3 +426,42 @@ def test_the_checks_catch_what_they_look_for():
     assert len(TEX.findall(text)) == 2                      # the span.math one is not counted
     alt = leaky.find("img")["alt"]
     assert HASHLIKE.search(alt)
+
+
+# --- Readable at the size it is shown: figures not scaled down, outputs not cut --------------
+
+LEGIBLE_SCALE = 0.95   # a figure shown at 95% of its pixels keeps its 10-point text legible
+
+
+def test_the_column_is_as_wide_as_the_figures_are_drawn_for(root, pages):
+    """The figures are drawn for COLUMN_PX pixels; the built site's column must be that wide."""
+    from inferlab.analysis.figures import COLUMN_PX
+
+    columns = {page: pages[page]["column"] for page in _part(root, "chapter")}
+    assert all(width >= COLUMN_PX for width in columns.values()), \
+        f"content column narrower than the {COLUMN_PX} pixels figures are drawn for: {columns}"
+
+
+def test_no_figure_is_scaled_below_a_legible_size(root, pages):
+    """At a 1280-pixel window, every figure is shown at (nearly) its own pixel size: a wider
+    PNG is shrunk by the browser, and its legend text with it (to 5-6 pixels at 58%)."""
+    problems = []
+    for page in catalog.toc_files(root):
+        for image in pages[page]["images"]:
+            if image["width"] and image["shown"] < LEGIBLE_SCALE * image["width"]:
+                problems.append(f"{page}: {image['src']} is {image['width']} pixels wide, shown "
+                                f"at {image['shown']:.0f} ({image['shown'] / image['width']:.0%})")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_output_or_equation_is_wider_than_the_column(root, pages):
+    """Printed output and display equations fit the column: nothing a reader must scroll
+    sideways to read, or never sees (a table cut mid-column, a streamed field off the edge)."""
+    problems = []
+    for page in catalog.toc_files(root):
+        for what in ("overflowing", "equations"):
+            for block in pages[page][what]:
+                problems.append(f"{page} #{block['section']}: {what} block {block['scroll']} "
+                                f"pixels wide in {block['client']}: {block['text']!r}")
+    assert not problems, f"{len(problems)} blocks wider than the column:\n" + "\n".join(problems)
+

@@ -1,0 +1,163 @@
+"""Figures sized for the column they are shown in: the site's content column, about 700 pixels.
+
+A notebook shows a matplotlib figure as a PNG of its tight bounding box at the figure's dpi, and
+the site shows that PNG at its own pixel size unless it is wider than the column; then the
+browser scales it down, and 10-point text drawn for a 1,100-pixel figure ends up 5-6 pixels
+high. So every figure the book shows is made to fit:
+
+- ``COURSE_STYLE`` and ``use_course_style``: the book's matplotlib settings (100 dpi, so a 7-inch
+  figure fills the column; 10-point text; no "+1e12" offsets), and, in a Jupyter kernel, every
+  figure a notebook shows passed through ``fit_to_column`` first. Chapters, solutions and the
+  calculators call it in their first cell.
+- ``fit_to_column``: plain tick labels on log axes (1 T, not 10^12), long titles wrapped, and the
+  figure narrowed (its text keeps its size; the axes give up the width) until it fits.
+- ``shown_width_px``: how wide a notebook shows a figure.
+
+``inferlab.analysis.figures.check_figures_as_shown`` fits each figure the same way before it
+checks it, and reports one that still does not fit.
+"""
+
+from __future__ import annotations
+
+# The site's content column at a 1280-pixel browser window (sphinx-book-theme; tests/test_site.py
+# measures it on the built site). A notebook shows a figure as a PNG of its tight bounding box at
+# the figure's dpi, so at 100 dpi a figure fits when it is at most 7 inches wide, legend included.
+COLUMN_PX = 700
+COURSE_STYLE = {
+    "figure.dpi": 100,
+    "figure.figsize": (6.4, 3.4),
+    "font.size": 10,
+    "axes.titlesize": 10.5,             # titles no larger than needed: panels share 700 pixels
+    "figure.titlesize": 11,
+    "axes.formatter.useoffset": False,  # no "+1e12" printed over an axis: scale the data instead
+}
+
+
+def use_course_style() -> None:
+    """Apply ``COURSE_STYLE``, and in a Jupyter kernel show every figure fitted to the column."""
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(COURSE_STYLE)
+    wrap_figure_display(lambda fig: fit_to_column(fig))
+
+
+def shown_width_px(fig) -> float:
+    """The width in pixels of ``fig`` as a notebook shows it (``bbox_inches="tight"``, with
+    matplotlib's padding, at ``fig.dpi``)."""
+    import matplotlib as mpl
+
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    return (box.width + 2 * mpl.rcParams["savefig.pad_inches"]) * fig.dpi
+
+
+def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
+    """Narrow ``fig`` (its height kept) until it is shown at most ``width_px`` wide, and plain
+    tick labels on its log axes (``plain_log_ticks``). A legend beside its axes moves under them
+    first.
+
+    Text keeps its size in points, so it stays legible; the axes give up the width, and a title
+    wider than its axes (or than the column, for the figure's own title) is wrapped onto more
+    lines. A figure with no layout engine is given matplotlib's constrained layout, which makes
+    room for titles and for legends outside the axes, so that panels side by side do not run
+    into each other. It aims a few pixels short of ``width_px``: the saved PNG rounds up.
+    """
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.ticker import LogFormatter
+
+    from inferlab.analysis.figures import plain_log_ticks
+
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            if axis.get_scale() == "log" and isinstance(axis.get_major_formatter(),
+                                                         LogFormatter):
+                plain_log_ticks(ax, name)
+    target = width_px - 6
+    if shown_width_px(fig) > target:
+        _legends_below(fig)
+    for _ in range(6):
+        shown = shown_width_px(fig)
+        wrapped = _wrap_wide_titles(fig, target)
+        if shown <= target and not wrapped:
+            return
+        if shown > target:
+            w, h = fig.get_size_inches()
+            fig.set_size_inches(max(w - (shown - target) / fig.dpi, 2.0), h)
+        if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+            # constrained layout makes room for titles, the figure's title and legends outside
+            # the axes, which tight_layout does not all do
+            try:
+                fig.set_layout_engine("constrained")
+            except RuntimeError:           # an engine that cannot be swapped (colorbars)
+                fig.tight_layout()
+
+
+def _legends_below(fig) -> None:
+    """Move each legend that sits right of its axes under it: beside the axes it would leave the
+    data a fraction of a 700-pixel column."""
+    from inferlab.analysis.figures import legend_below
+
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        if legend.get_window_extent().x0 < ax.get_window_extent().x1 - 1:
+            continue
+        labels = [t.get_text() for t in legend.get_texts()]
+        title = legend.get_title().get_text() or None
+        handles = legend.legend_handles
+        legend.remove()
+        two = len(labels) > 3 and max(len(label) for label in labels) <= 28
+        legend_below(ax, handles=handles, labels=labels, title=title, ncols=2 if two else 1)
+
+
+def _wrap_wide_titles(fig, width_px: float) -> bool:
+    """Wrap the figure's title to ``width_px`` and each axes title to its axes' width;
+    True when any was wrapped."""
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [(ax.title, ax.get_window_extent().width) for ax in fig.axes]
+    if fig._suptitle is not None:
+        texts.append((fig._suptitle, width_px - 2 * fig.dpi * 0.1))
+    wrapped = False
+    for text, room in texts:
+        content = text.get_text()
+        width = text.get_window_extent(renderer).width
+        if not content or width <= room:
+            continue
+        longest = max(content.split("\n"), key=len)
+        chars = max(16, int(len(longest) * room / width) - 1)
+        text.set_text("\n".join(textwrap.fill(line, chars) for line in content.split("\n")))
+        wrapped = True
+    return wrapped
+
+
+def wrap_figure_display(before) -> bool:
+    """Call ``before(fig)`` whenever the kernel shows a matplotlib figure; False outside one."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    plt.close(plt.figure())    # the inline backend registers its formatter with a first figure
+    for mime in ("image/png", "image/svg+xml"):
+        formatter = shell.display_formatter.formatters.get(mime)
+        try:
+            show = formatter.lookup_by_type(Figure)
+        except (AttributeError, KeyError):
+            continue
+
+        def shown(fig, _show=show):
+            before(fig)
+            return _show(fig)
+
+        formatter.for_type(Figure, shown)
+        return True            # one format is enough: each figure is seen once
+    return False
