@@ -1,4 +1,4 @@
-"""Figures sized for the column they are shown in: the site's content column, about 700 pixels.
+"""Figures and tables sized for the column they are shown in: the site's, about 700 pixels.
 
 A notebook shows a matplotlib figure as a PNG of its tight bounding box at the figure's dpi, and
 the site shows that PNG at its own pixel size unless it is wider than the column; then the
@@ -12,6 +12,8 @@ high. So every figure the book shows is made to fit:
 - ``fit_to_column``: plain tick labels on log axes (1 T, not 10^12), long titles wrapped, and the
   figure narrowed (its text keeps its size; the axes give up the width) until it fits.
 - ``shown_width_px``: how wide a notebook shows a figure.
+- ``Table``: rows shown as a table (HTML in a notebook and on the site, aligned text when
+  printed), instead of ``print`` lines that a 700-pixel column cuts after about 84 characters.
 
 ``inferlab.analysis.figures.check_figures_as_shown`` fits each figure the same way before it
 checks it, and reports one that still does not fit.
@@ -161,3 +163,46 @@ def wrap_figure_display(before) -> bool:
         formatter.for_type(Figure, shown)
         return True            # one format is enough: each figure is seen once
     return False
+
+
+class Table:
+    """Rows shown as a table: an HTML table in a notebook and on the site, aligned columns when
+    printed. ``rows`` are dicts (keys are the column names) or sequences with ``columns``; cells
+    are shown as they are given (format numbers before), numbers right-aligned."""
+
+    def __init__(self, rows, columns=None, caption: str | None = None):
+        rows = list(rows)
+        if columns is None:
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+        self.columns = [str(c) for c in columns]
+        self.rows = [[row.get(c, "") for c in columns] if isinstance(row, dict) else list(row)
+                     for row in rows]
+        self.caption = caption
+
+    @staticmethod
+    def _numeric(cell) -> bool:
+        text = str(cell).strip().lstrip("$~<>=-+").rstrip("%x")
+        return bool(text) and text.replace(",", "").replace(".", "", 1).isdigit()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        def cell(tag, value):
+            align = ' style="text-align: right"' if self._numeric(value) else ""
+            return f"<{tag}{align}>{html.escape(str(value))}</{tag}>"
+
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in self.rows)
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __str__(self) -> str:
+        cells = [self.columns] + [[str(v) for v in row] for row in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(v.rjust(w) if self._numeric(v) else v.ljust(w)
+                           for v, w in zip(row, widths)).rstrip() for row in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(([self.caption] if self.caption else []) + lines)
+
+    __repr__ = __str__
+
