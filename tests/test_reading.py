@@ -64,3 +64,39 @@ def test_the_checks_see_glue_only_cells_and_trailing_glue():
     mixed = ast.parse('print(1)\nglue("a", 1)\n').body
     assert not all(_is_glue(s) for s in mixed) and _is_glue(mixed[-1])
     assert not _quiet_glue(mixed[-1])   # a glue that displays its value belongs where it is
+
+
+# --- Printed output that fits the column ---------------------------------------------------
+
+def test_printed_lines_are_wrapped_to_the_column():
+    import io
+
+    from inferlab.analysis.column import OUTPUT_CHARS, _WrappingStream, wrap_line
+
+    long = "  H100 SXM  $6.88/h (AWS, 2026-11-09, secondary)  " + "an offering, " * 8
+    wrapped = wrap_line(long).split("\n")
+    assert len(wrapped) > 1 and all(len(line) <= OUTPUT_CHARS for line in wrapped)
+    assert wrapped[1].startswith("      ")            # its indent, and four more
+    assert " ".join(" ".join(wrapped).split()) == " ".join(long.split())   # nothing lost
+    assert wrap_line("short") == "short"
+    sink = io.StringIO()
+    stream = _WrappingStream(sink, OUTPUT_CHARS)
+    print(long, "x", file=stream, end="")             # one line written in pieces
+    assert sink.getvalue() == ""
+    stream.write("\nnext\n")
+    stream.write("100 %")                             # a line not ended yet goes out on flush
+    stream.flush()
+    lines = sink.getvalue().split("\n")
+    assert max(map(len, lines)) <= OUTPUT_CHARS and lines[-2:] == ["next", "100 %"]
+
+
+def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():
+    from inferlab.analysis.column import Table
+
+    table = Table([{"device": "H100 SXM", "TB/s": "3.35"}, {"device": "B200", "TB/s": "8.00"}])
+    html = table._repr_html_()
+    assert html.count("<tr>") == 3 and "<th>TB/s</th>" in html
+    assert 'style="text-align: right">3.35' in html
+    lines = str(table).splitlines()
+    assert lines[0].split() == ["device", "TB/s"] and lines[2].endswith("3.35")
+    assert len({len(line) for line in lines}) == 1    # columns aligned

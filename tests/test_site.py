@@ -41,7 +41,7 @@ from bs4 import BeautifulSoup
 from inferlab.course import catalog
 
 # The window a reader on a laptop has: 1280 pixels wide, where the theme's content column is
-# about 700 pixels (COLUMN_PX, which the figures are drawn for).
+# 688 pixels (inferlab.analysis.column.COLUMN_PX, which figures and printed lines are sized for).
 WINDOW = (1280, 900)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
@@ -78,20 +78,23 @@ INSPECT_JS = """
       'article .cell_output pre, article .cell_output .output, article .cell_output table'));
   const overflowing = outputs.filter(wide).map(el => ({
     section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
-    text: (el.innerText || '').split('\n').sort((a, b) => b.length - a.length)[0].slice(0, 120)}));
+    text: (el.innerText || el.textContent || '').split(String.fromCharCode(10)).sort((a, b) => b.length - a.length)[0].slice(0, 120)}));
   const equations = Array.from(document.querySelectorAll('article div.math'))
     .filter(el => { const m = el.querySelector('mjx-container');
                     return m && (wide(el) || wide(m)); })
     .map(el => ({section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
                  text: (el.textContent || '').slice(0, 120)}));
+  // the width the article gives its content: its box less its padding
   const body = document.querySelector('article.bd-article') || document.querySelector('article');
+  const pad = body ? parseFloat(getComputedStyle(body).paddingLeft)
+                     + parseFloat(getComputedStyle(body).paddingRight) : 0;
   const h1 = document.querySelector('article h1');
   return JSON.stringify({
     title: document.title,
     h1: h1 ? h1.textContent : '',
     images: imgs.map(i => ({src: i.getAttribute('src'), complete: i.complete,
                             width: i.naturalWidth, shown: i.getBoundingClientRect().width})),
-    column: body ? body.clientWidth : 0,
+    column: body ? body.clientWidth - pad : 0,
     overflowing: overflowing,
     equations: equations,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),

@@ -1,19 +1,20 @@
-"""Figures and tables sized for the column they are shown in: the site's, about 700 pixels.
+"""Figures and tables sized for the column they are shown in: the site's, 688 pixels.
 
 A notebook shows a matplotlib figure as a PNG of its tight bounding box at the figure's dpi, and
 the site shows that PNG at its own pixel size unless it is wider than the column; then the
 browser scales it down, and 10-point text drawn for a 1,100-pixel figure ends up 5-6 pixels
 high. So every figure the book shows is made to fit:
 
-- ``COURSE_STYLE`` and ``use_course_style``: the book's matplotlib settings (100 dpi, so a 7-inch
-  figure fills the column; 10-point text; no "+1e12" offsets), and, in a Jupyter kernel, every
-  figure a notebook shows passed through ``fit_to_column`` first. Chapters, solutions and the
-  calculators call it in their first cell.
+- ``COURSE_STYLE`` and ``use_course_style``: the book's matplotlib settings (100 dpi, so a
+  6.9-inch figure fills the column; 10-point text; no "+1e12" offsets), and, in a Jupyter
+  kernel, every figure a notebook shows passed through ``fit_to_column`` first and every
+  printed line wrapped to ``OUTPUT_CHARS`` (``wrap_printed_lines``). Chapters, solutions and the calculators call it
+  in their first cell.
 - ``fit_to_column``: plain tick labels on log axes (1 T, not 10^12), long titles wrapped, and the
   figure narrowed (its text keeps its size; the axes give up the width) until it fits.
 - ``shown_width_px``: how wide a notebook shows a figure.
 - ``Table``: rows shown as a table (HTML in a notebook and on the site, aligned text when
-  printed), instead of ``print`` lines that a 700-pixel column cuts after about 84 characters.
+  printed), instead of ``print`` lines that the column cuts after about 77 characters.
 
 ``inferlab.analysis.figures.check_figures_as_shown`` fits each figure the same way before it
 checks it, and reports one that still does not fit.
@@ -21,26 +22,78 @@ checks it, and reports one that still does not fit.
 
 from __future__ import annotations
 
-# The site's content column at a 1280-pixel browser window (sphinx-book-theme; tests/test_site.py
-# measures it on the built site). A notebook shows a figure as a PNG of its tight bounding box at
-# the figure's dpi, so at 100 dpi a figure fits when it is at most 7 inches wide, legend included.
-COLUMN_PX = 700
+# The width the site gives a notebook's output at a 1280-pixel browser window: sphinx-book-theme's
+# article is 752 pixels wide with 32 pixels of padding each side (tests/test_site.py measures it
+# on the built site). A notebook shows a figure as a PNG of its tight bounding box at the
+# figure's dpi, so at 100 dpi a figure fits when it is at most 6.88 inches wide, legend included.
+COLUMN_PX = 688
 COURSE_STYLE = {
     "figure.dpi": 100,
     "figure.figsize": (6.4, 3.4),
     "font.size": 10,
-    "axes.titlesize": 10.5,             # titles no larger than needed: panels share 700 pixels
+    "axes.titlesize": 10.5,             # titles no larger than needed: panels share 688 pixels
     "figure.titlesize": 11,
     "axes.formatter.useoffset": False,  # no "+1e12" printed over an axis: scale the data instead
 }
 
 
+# Monospace characters a printed line may have: an output block in that column holds about 77
+# (8.4 pixels a character, and the block's own padding), measured on the built site.
+OUTPUT_CHARS = 76
+
+
 def use_course_style() -> None:
-    """Apply ``COURSE_STYLE``, and in a Jupyter kernel show every figure fitted to the column."""
+    """Apply ``COURSE_STYLE``; in a Jupyter kernel, show every figure fitted to the column and
+    wrap every printed line longer than ``OUTPUT_CHARS`` (``wrap_printed_lines``)."""
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(COURSE_STYLE)
-    wrap_figure_display(lambda fig: fit_to_column(fig))
+    if wrap_figure_display(lambda fig: fit_to_column(fig)):
+        wrap_printed_lines()
+
+
+def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
+    """``line`` broken at spaces into lines of at most ``width`` characters (a word longer than
+    that stays whole), each continuation indented four spaces more than the line."""
+    import textwrap
+
+    if len(line) <= width:
+        return line
+    indent = line[:len(line) - len(line.lstrip(" "))]
+    return textwrap.fill(line, width, subsequent_indent=indent + "    ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+class _WrappingStream:
+    """A text stream that wraps each complete line it is given, and passes the rest through."""
+
+    def __init__(self, stream, width: int):
+        self._stream, self._width, self._pending = stream, width, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        if lines:
+            self._stream.write("\n".join(wrap_line(line, self._width) for line in lines) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:          # a line not ended yet (a progress counter): as it is
+            self._stream.write(self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def wrap_printed_lines(width: int = OUTPUT_CHARS) -> None:
+    """Wrap what the notebook prints (``sys.stdout``) to ``width`` characters a line, so that no
+    printed line runs past the site's column; once per kernel."""
+    import sys
+
+    if not isinstance(sys.stdout, _WrappingStream):
+        sys.stdout = _WrappingStream(sys.stdout, width)
 
 
 def shown_width_px(fig) -> float:
@@ -96,7 +149,7 @@ def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
 
 def _legends_below(fig) -> None:
     """Move each legend that sits right of its axes under it: beside the axes it would leave the
-    data a fraction of a 700-pixel column."""
+    data a fraction of a 688-pixel column."""
     from inferlab.analysis.figures import legend_below
 
     for ax in fig.axes:

@@ -11,7 +11,7 @@
   explains when the axes has a legend. The plotting helpers' tests call it, and so does the
   book build, through ``check_figures_as_shown``.
 - ``use_course_style`` (from ``inferlab.analysis.column``): the book's matplotlib settings, and
-  every figure a notebook shows fitted to the site's ~700-pixel content column.
+  every figure a notebook shows fitted to the site's 688-pixel content column.
 - ``check_figures_as_shown``: in a Jupyter kernel, run ``figure_problems`` on every figure as the
   notebook shows it (fitted to the column), and gather what it finds. Each chapter turns it on in a hidden cell after
   its imports and asserts in a hidden last cell that nothing was found, so the build that
