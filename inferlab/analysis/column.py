@@ -37,9 +37,10 @@ COURSE_STYLE = {
 }
 
 
-# Monospace characters a printed line may have: an output block in that column holds about 77
-# (8.4 pixels a character, and the block's own padding), measured on the built site.
-OUTPUT_CHARS = 76
+# Monospace characters a printed line may have: an output block holds about 77 in the column
+# and 75 inside an exercise's drop-down answer (8.4 pixels a character, and the blocks' own
+# padding), measured on the built site.
+OUTPUT_CHARS = 74
 
 
 def use_course_style() -> None:
