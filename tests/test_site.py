@@ -405,7 +405,9 @@ def _visible_text(article) -> str:
     article = BeautifulSoup(str(article), "html.parser")
     for tag in article.find_all(["pre", "code", "script", "style", "math", "mjx-container"]):
         tag.decompose()
-    for tag in article.select(".math, .highlight, .cell_input, .MathJax"):
+    # a cell's output is the program's, like a printed block: an HTML table of prices may show
+    # two dollar signs in one row, which is not TeX
+    for tag in article.select(".math, .highlight, .cell_input, .MathJax, .cell_output table"):
         tag.decompose()
     return article.get_text(" ")
 
