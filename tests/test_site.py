@@ -3,6 +3,13 @@ title, the chapter and solution pages show their figures (each <img> present and
 each lab page's Colab button opens that lab's notebook in the repository, and every formula is
 typeset by the MathJax the site ships (no network: MathJax must come from the site itself).
 
+In the same browser, at a 1280-pixel window, the last browser tests check that the page is
+readable at the size it is shown: the content column is as wide as the figures are drawn for
+(``inferlab.analysis.column.COLUMN_PX``), no image is scaled below 95% of its pixels (the
+browser shrinks a wider one, and its legend text with it), and no printed output, output table
+or display equation is wider than its box (cut, or scrolled sideways), drop-down answers
+included.
+
 The last tests read the built HTML as text, with no browser: every figure has real alt text
 (words, not MyST-NB's default of the image's file name), and no MyST role, directive fence or
 raw TeX leaks into what a reader sees outside code and math.
