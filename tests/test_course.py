@@ -1,6 +1,7 @@
 """inferlab.course.catalog reads the course's structure from its files, for the pages that list it."""
 
 import textwrap
+from pathlib import Path
 
 from inferlab.course import catalog, results
 
@@ -8,11 +9,28 @@ from inferlab.course import catalog, results
 def test_toc_parts_and_files(root):
     parts = catalog.toc_parts(root)
     assert parts[""] == ["book/intro"]
-    for caption in ("Chapters", "Labs", "Solutions", "Reference"):
+    for caption in ("Chapters and labs", "Solutions", "Reference"):
         assert parts[caption], caption
     files = catalog.toc_files(root)
     assert files[0] == "book/intro" and len(files) == len(set(files))
     assert "book/instructor_guide" in files and "book/status" in files
+
+
+def test_each_lab_comes_right_after_its_chapter_in_the_readers_path(root):
+    """"Next" on the site follows toc_files' order: Chapter N's pages, then Lab N, then Chapter
+    N+1. Only the chapters are numbered; every lab is on the path exactly once."""
+    files = catalog.toc_files(root)
+    chapters = catalog.chapters(root)
+    labs = catalog.toc_pages("lab", root)
+    assert [f"labs/{lab.stem}" for lab in catalog.labs(root)] == labs
+    assert len(chapters) == len(labs)
+    for (chapter, pages), lab in zip(chapters.items(), labs):
+        assert Path(chapter).stem[2:4] == Path(lab).stem[:2], (chapter, lab)
+        start = files.index(chapter)
+        assert files[start:start + len(pages) + 1] == pages + [lab], (chapter, lab)
+    assert catalog.toc_pages("chapter", root)[0] == "book/ch01_roofline"
+    assert catalog.toc_pages("solution", root) == [f"solutions/{lab.stem}"
+                                                   for lab in catalog.labs(root)]
 
 
 def test_every_lab_has_a_solution_a_check_module_and_hints(root):

@@ -149,3 +149,66 @@ def test_every_legend_of_the_book_and_labs_is_placed_outside_the_axes(root):
             found += [f"{path.name} code cell {i}: {line.strip()}"
                       for line in cell.source.splitlines() if pattern.search(line)]
     assert not found, "legends placed inside the axes:\n" + "\n".join(found)
+
+
+# --- Sized for the column: figures fitted to the site's ~700 pixels, no powers of ten -----
+
+def test_a_wide_figure_is_fitted_to_the_column_with_its_text_kept():
+    from inferlab.analysis.column import COLUMN_PX, fit_to_column, shown_width_px, use_course_style
+
+    use_course_style()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, name in ((left, "a panel with a rather long title, as the chapters write them"),
+                     (right, "another panel, with a legend beside it")):
+        ax.plot([1, 10, 100], [1e12, 3e12, 9e12], label="a line with a long legend label")
+        ax.set(xscale="log", yscale="log", title=name, xlabel="x", ylabel="FLOP/s")
+        legend_outside(ax)
+    fig.suptitle("A figure title that is much longer than a 700-pixel column can hold on one line")
+    assert shown_width_px(fig) > 1.3 * COLUMN_PX
+    size = left.xaxis.label.get_fontsize()
+    fit_to_column(fig)
+    assert shown_width_px(fig) <= COLUMN_PX
+    assert left.xaxis.label.get_fontsize() == size          # narrowed, not scaled down
+    assert figure_problems(fig) == []                       # legends moved under the panels
+    assert "1 T" in _tick_texts(left) or "10 T" in _tick_texts(left)
+
+
+def test_the_check_catches_powers_of_ten_and_offsets():
+    fig, ax = plt.subplots()
+    ax.plot([1, 10, 1000], [1, 5, 9])
+    ax.set_xscale("log")                       # matplotlib labels it 10^0, 10^1, ...
+    assert any("powers of ten" in p for p in figure_problems(fig))
+    plain_log_ticks(ax, "x")
+    assert figure_problems(fig) == []
+    fig, ax = plt.subplots()
+    ax.plot([1e12 + 1, 1e12 + 2], [1, 2])      # a "+1e12" offset over the x axis
+    assert any("powers of ten" in p for p in figure_problems(fig))
+
+
+def test_plain_log_ticks_use_unit_prefixes_past_a_million():
+    fig, ax = plt.subplots()
+    ax.plot([1, 10], [1e11, 2e15])
+    ax.set_yscale("log")
+    plain_log_ticks(ax, "y")
+    labels = _tick_texts(ax)
+    assert "1 T" in labels and "1,000 T" in labels and not any("^" in t for t in labels)
+
+
+def test_every_page_that_draws_uses_the_course_style(root):
+    """Chapters, the calculators and the solved labs draw with use_course_style, which fits each
+    figure they show to the column (the chapters' figures are then checked as shown)."""
+    import jupytext
+
+    from inferlab.course import catalog
+
+    pages = [root / f"{p}.md" for p in catalog.toc_pages("chapter", root)]
+    pages += [root / "book" / "calculators.ipynb", *sorted(root.glob("solutions/*.ipynb"))]
+    missing = []
+    for path in pages:
+        cells = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+        draws = any("plt." in c or "plot_" in c for c in cells)
+        styled = [i for i, c in enumerate(cells) if "\nuse_course_style()" in "\n" + c]
+        if draws and not (styled and styled[0] <= 2):
+            missing.append(path.name)
+        assert "figure.dpi" not in "".join(cells), f"{path.name} sets its own dpi"
+    assert not missing, f"draw figures without use_course_style() in their first cells: {missing}"

@@ -3,6 +3,13 @@ title, the chapter and solution pages show their figures (each <img> present and
 each lab page's Colab button opens that lab's notebook in the repository, and every formula is
 typeset by the MathJax the site ships (no network: MathJax must come from the site itself).
 
+In the same browser, at a 1280-pixel window, the last browser tests check that the page is
+readable at the size it is shown: the content column is as wide as the figures are drawn for
+(``inferlab.analysis.column.COLUMN_PX``), no image is scaled below 95% of its pixels (the
+browser shrinks a wider one, and its legend text with it), and no printed output, output table
+or display equation is wider than its box (cut, or scrolled sideways), drop-down answers
+included.
+
 The last tests read the built HTML as text, with no browser: every figure has real alt text
 (words, not MyST-NB's default of the image's file name), and no MyST role, directive fence or
 raw TeX leaks into what a reader sees outside code and math.
@@ -40,9 +47,13 @@ from bs4 import BeautifulSoup
 
 from inferlab.course import catalog
 
+# The window a reader on a laptop has: 1280 pixels wide, where the theme's content column is
+# 688 pixels (inferlab.analysis.column.COLUMN_PX, which figures and printed lines are sized for).
+WINDOW = (1280, 900)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--remote-debugging-port=0", "about:blank"]
+                  "--disable-sync", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                  "--hide-scrollbars", "--remote-debugging-port=0", "about:blank"]
 PAGE_TIMEOUT_S = 60
 
 # Run in the page once it has loaded: wait for every image in the article and for MathJax to
@@ -66,12 +77,33 @@ INSPECT_JS = """
       await Promise.race([MathJax.startup.promise, new Promise(r => setTimeout(r, 20000))]);
     }
   }
+  // What is wider than the column it sits in: a block whose content is wider than its box
+  // scrolls or is cut (outputs, display equations), an image wider than its box is scaled down.
+  const wide = el => el.scrollWidth > el.clientWidth + 1;
+  const where = el => (el.closest('section[id]') || {}).id || '';
+  const outputs = Array.from(document.querySelectorAll(
+      'article .cell_output pre, article .cell_output .output, article .cell_output table'));
+  const overflowing = outputs.filter(wide).map(el => ({
+    section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
+    text: (el.innerText || el.textContent || '').split(String.fromCharCode(10)).sort((a, b) => b.length - a.length)[0].slice(0, 120)}));
+  const equations = Array.from(document.querySelectorAll('article div.math'))
+    .filter(el => { const m = el.querySelector('mjx-container');
+                    return m && (wide(el) || wide(m)); })
+    .map(el => ({section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
+                 text: (el.textContent || '').slice(0, 120)}));
+  // the width the article gives its content: its box less its padding
+  const body = document.querySelector('article.bd-article') || document.querySelector('article');
+  const pad = body ? parseFloat(getComputedStyle(body).paddingLeft)
+                     + parseFloat(getComputedStyle(body).paddingRight) : 0;
   const h1 = document.querySelector('article h1');
   return JSON.stringify({
     title: document.title,
     h1: h1 ? h1.textContent : '',
     images: imgs.map(i => ({src: i.getAttribute('src'), complete: i.complete,
-                            width: i.naturalWidth})),
+                            width: i.naturalWidth, shown: i.getBoundingClientRect().width})),
+    column: body ? body.clientWidth - pad : 0,
+    overflowing: overflowing,
+    equations: equations,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     maths: maths.length,
     typeset: Array.from(maths).filter(m => m.querySelector('mjx-container')).length,
@@ -273,8 +305,9 @@ def pages(root, site, server) -> dict[str, dict]:
     return out
 
 
-def _part(root, caption: str) -> list[str]:
-    return catalog.toc_parts(root).get(caption, [])
+def _part(root, kind: str) -> list[str]:
+    """The pages of one kind ("chapter", "lab", "solution") in the table of contents."""
+    return catalog.toc_pages(kind, root)
 
 
 def test_every_page_loads_with_its_title(root, pages):
@@ -289,22 +322,24 @@ def test_every_page_loads_with_its_title(root, pages):
             f"{page}: <title> {seen['title']!r}"
 
 
-@pytest.mark.parametrize("caption", ["Chapters", "Labs", "Solutions"])
-def test_figures_are_present_and_loaded(root, site, pages, caption):
-    files = _part(root, caption)
-    assert files, f"_toc.yml has no part {caption!r}"
+@pytest.mark.parametrize("kind", ["chapter", "lab", "solution"])
+def test_figures_are_present_and_loaded(root, site, pages, kind):
+    files = _part(root, kind)
+    assert files, f"_toc.yml has no {kind} page"
     for page in files:
         images = pages[page]["images"]
         broken = [i["src"] for i in images if not (i["complete"] and i["width"] > 0)]
         assert not broken, f"{page}: images that did not load: {broken}"
         executed = site.parent / "jupyter_execute" / f"{page}.ipynb"
-        if caption != "Labs" and executed.is_file():  # labs are shown unexecuted
+        if kind != "lab" and executed.is_file():  # labs are shown unexecuted
             expected = _image_outputs(executed)
             shown = [i for i in images if "_images/" in (i["src"] or "")]
             assert len(shown) >= expected, f"{page}: {len(shown)} figures shown, {expected} made"
-        if caption == "Chapters" or (caption == "Solutions" and executed.is_file()
-                                     and _image_outputs(executed)):
+        if kind == "solution" and executed.is_file() and _image_outputs(executed):
             assert images, f"{page} shows no figure"
+    if kind == "chapter":      # a chapter split into pages shows its figures on some of them
+        for chapter, chapter_pages in catalog.chapters(root).items():
+            assert any(pages[p]["images"] for p in chapter_pages), f"{chapter} shows no figure"
 
 
 def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
@@ -313,7 +348,7 @@ def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
     branch = config["repository"].get("branch", "main")
     org_repo = url.removeprefix("https://github.com/")
     colab = config["launch_buttons"]["colab_url"].rstrip("/")
-    labs = _part(root, "Labs")
+    labs = _part(root, "lab")
     assert labs and all(p.startswith("labs/") for p in labs)
     for page in labs:
         assert (root / f"{page}.ipynb").is_file()
@@ -326,7 +361,7 @@ def test_each_labs_colab_button_opens_that_labs_notebook(root, pages):
 def test_formulas_are_typeset_offline_by_the_sites_own_mathjax(root, pages):
     """MathJax must come from the built site: the browser may reach no other host, so a page
     whose formulas render proves the site works on a closed network."""
-    chapters = _part(root, "Chapters")
+    chapters = _part(root, "chapter")
     assert sum(pages[p]["maths"] for p in chapters) > 50, "the chapters have almost no formulas"
     for page in catalog.toc_files(root):
         seen = pages[page]
@@ -377,7 +412,9 @@ def _visible_text(article) -> str:
     article = BeautifulSoup(str(article), "html.parser")
     for tag in article.find_all(["pre", "code", "script", "style", "math", "mjx-container"]):
         tag.decompose()
-    for tag in article.select(".math, .highlight, .cell_input, .MathJax"):
+    # a cell's output is the program's, like a printed block: an HTML table of prices may show
+    # two dollar signs in one row, which is not TeX
+    for tag in article.select(".math, .highlight, .cell_input, .MathJax, .cell_output table"):
         tag.decompose()
     return article.get_text(" ")
 
@@ -403,3 +440,42 @@ def test_the_checks_catch_what_they_look_for():
     assert len(TEX.findall(text)) == 2                      # the span.math one is not counted
     alt = leaky.find("img")["alt"]
     assert HASHLIKE.search(alt)
+
+
+# --- Readable at the size it is shown: figures not scaled down, outputs not cut --------------
+
+LEGIBLE_SCALE = 0.95   # a figure shown at 95% of its pixels keeps its 10-point text legible
+
+
+def test_the_column_is_as_wide_as_the_figures_are_drawn_for(root, pages):
+    """The figures are drawn for COLUMN_PX pixels; the built site's column must be that wide."""
+    from inferlab.analysis.figures import COLUMN_PX
+
+    columns = {page: pages[page]["column"] for page in _part(root, "chapter")}
+    assert all(width >= COLUMN_PX for width in columns.values()), \
+        f"content column narrower than the {COLUMN_PX} pixels figures are drawn for: {columns}"
+
+
+def test_no_figure_is_scaled_below_a_legible_size(root, pages):
+    """At a 1280-pixel window, every figure is shown at (nearly) its own pixel size: a wider
+    PNG is shrunk by the browser, and its legend text with it (to 5-6 pixels at 58%)."""
+    problems = []
+    for page in catalog.toc_files(root):
+        for image in pages[page]["images"]:
+            if image["width"] and image["shown"] < LEGIBLE_SCALE * image["width"]:
+                problems.append(f"{page}: {image['src']} is {image['width']} pixels wide, shown "
+                                f"at {image['shown']:.0f} ({image['shown'] / image['width']:.0%})")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_output_or_equation_is_wider_than_the_column(root, pages):
+    """Printed output and display equations fit the column: nothing a reader must scroll
+    sideways to read, or never sees (a table cut mid-column, a streamed field off the edge)."""
+    problems = []
+    for page in catalog.toc_files(root):
+        for what in ("overflowing", "equations"):
+            for block in pages[page][what]:
+                problems.append(f"{page} #{block['section']}: {what} block {block['scroll']} "
+                                f"pixels wide in {block['client']}: {block['text']!r}")
+    assert not problems, f"{len(problems)} blocks wider than the column:\n" + "\n".join(problems)
+

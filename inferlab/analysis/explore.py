@@ -176,7 +176,7 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
     point = decode_point(device, model, batch, dtype, context)
     sweep = decode_sweep(device, model, dtype, context, batches)
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        _, axes = plt.subplots(2, 1, figsize=(6.6, 8.6))  # stacked: each panel the column wide
     left, right = axes
     x_lo = min(0.1, min(p.intensity for p in sweep) / 2)
     x_hi = max(2000.0, max(p.intensity for p in sweep) * 2)
@@ -217,6 +217,7 @@ def plot_explorer(device="H100 SXM", model="llama-3-8b", batch: int = 1, dtype: 
     right.figure.tight_layout()
     for ax in (left, right):   # after the layout, so that they sit under the final labels
         legend_below(ax)
+    right.figure.tight_layout()  # again, to make room between the panels for the upper legend
     return axes
 
 

@@ -1,7 +1,7 @@
 """Small habits every figure of the book shares, and the check that keeps them.
 
-- ``plain_log_ticks``: logarithmic axes labelled 1, 10, 100 (or 0.1, 1,000) instead of
-  matplotlib's default 10^0 or, on short ranges, "4x10^1".
+- ``plain_log_ticks``: logarithmic axes labelled 1, 10, 100 (or 0.1, 1,000; from a million on,
+  1 M, 100 G, 1 T, 1,000 T) instead of matplotlib's default 10^0 or, on short ranges, "4x10^1".
 - ``legend_outside`` and ``legend_below``: a legend right of or under the axes, where it
   cannot cover a line.
 - ``figure_problems``: what a reader would trip over in a drawn figure: a legend inside an
@@ -10,8 +10,10 @@
   point drawn outside the axes (clipped away), and lines or markers that no legend entry
   explains when the axes has a legend. The plotting helpers' tests call it, and so does the
   book build, through ``check_figures_as_shown``.
+- ``use_course_style`` (from ``inferlab.analysis.column``): the book's matplotlib settings, and
+  every figure a notebook shows fitted to the site's 688-pixel content column.
 - ``check_figures_as_shown``: in a Jupyter kernel, run ``figure_problems`` on every figure as the
-  notebook shows it, and gather what it finds. Each chapter turns it on in a hidden cell after
+  notebook shows it (fitted to the column), and gather what it finds. Each chapter turns it on in a hidden cell after
   its imports and asserts in a hidden last cell that nothing was found, so the build that
   executes a chapter also checks its figures: one execution serves the book and the test.
 """
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from inferlab.analysis.column import (COLUMN_PX, fit_to_column, shown_width_px,  # noqa: F401
+                                      use_course_style, wrap_figure_display)
 
 def plain_log_ticks(ax, which: str = "xy") -> None:
-    """Label the major ticks of log axes as plain numbers (1,000 not 10^3), hide minor labels.
+    """Label the major ticks of log axes as plain numbers (1,000 not 10^3; 1 T not 10^12), hide
+    minor labels.
 
     An axis that spans less than two decades also gets ticks at 2 and 5 times each power of ten,
     so that it shows a few numbers instead of matplotlib's minor labels such as "4x10^1".
@@ -32,6 +37,9 @@ def plain_log_ticks(ax, which: str = "xy") -> None:
     from matplotlib.ticker import LogLocator
 
     def fmt(value, _pos):
+        if value >= 1e6:       # 1 M, 100 G, 1 T, 1,000 T: a unit's prefix, never twelve zeros
+            power = min(int(np.log10(value) + 1e-9) // 3, 4)
+            return f"{value / 1000 ** power:,g} {' kMGT'[power]}"
         return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
     for name in which:
@@ -102,6 +110,14 @@ def _rgb(color):
     return tuple(round(c, 3) for c in to_rgb(color))
 
 
+def _shown_ticklabels(axis) -> list:
+    """The major tick labels an axis draws: those of ticks inside its view, with text."""
+    lo, hi = sorted(axis.get_view_interval())
+    span = (hi - lo) * 1e-9
+    return [t for loc, t in zip(axis.get_majorticklocs(), axis.get_ticklabels())
+            if lo - span <= loc <= hi + span and t.get_visible() and t.get_text()]
+
+
 def figure_problems(fig) -> list[str]:
     """Everything in ``fig`` a reader would trip over; an empty list when there is nothing."""
     from matplotlib.collections import PathCollection
@@ -149,8 +165,16 @@ def figure_problems(fig) -> list[str]:
                 if inside.any():
                     problems.append(f"{ax.get_title()!r}: the legend covers {inside.sum()} "
                                     f"point(s) of {name!r}")
-        texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(),
-                 *ax.get_yticklabels()]
+        for axis in (ax.xaxis, ax.yaxis):
+            offset = axis.get_offset_text()
+            powers = [t.get_text() for t in _shown_ticklabels(axis)
+                      if "^" in t.get_text() or "e+" in t.get_text()]
+            if (offset.get_visible() and offset.get_text()) or powers:
+                problems.append(f"{ax.get_title()!r}: the {axis.axis_name} axis prints powers "
+                                f"of ten ({offset.get_text() or powers[0]!r}): use units "
+                                "(TFLOP/s, GB) or plain_log_ticks")
+        texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *_shown_ticklabels(ax.xaxis),
+                 *_shown_ticklabels(ax.yaxis)]
         for _, legend in legends:
             lbox = legend.get_window_extent()
             for text in texts:
@@ -182,36 +206,22 @@ def check_figures_as_shown() -> list[str]:
 
     It wraps the kernel's display formatter for matplotlib figures (the inline backend shows a
     figure by formatting it, whether a cell calls ``plt.show()`` or just ends), so the check sees
-    exactly the figures a reader sees, as they are drawn. Outside an IPython kernel, or before
-    pyplot has set up the inline backend, it changes nothing and the list stays empty.
+    exactly the figures a reader sees, as they are drawn and fitted to the column. Outside an
+    IPython kernel it changes nothing and the list stays empty.
     """
     problems: list[str] = []
     shown = [0]                # figures checked so far, to name each in a message
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return problems
-    shell = get_ipython()
-    if shell is None:
-        return problems
-    import matplotlib.pyplot as plt
-    from matplotlib.figure import Figure
 
-    plt.close(plt.figure())    # the inline backend registers its formatter with a first figure
-    for mime in ("image/png", "image/svg+xml"):
-        formatter = shell.display_formatter.formatters.get(mime)
-        try:
-            show = formatter.lookup_by_type(Figure)
-        except (AttributeError, KeyError):
-            continue
+    def check(fig):
+        shown[0] += 1
+        fit_to_column(fig)
+        title = fig._suptitle.get_text() if fig._suptitle else ""
+        title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
+        found = figure_problems(fig)
+        if shown_width_px(fig) > COLUMN_PX:  # fit_to_column could not narrow it enough
+            found.append(f"{shown_width_px(fig):.0f} pixels wide, more than the column's "
+                         f"{COLUMN_PX}")
+        problems.extend(f"figure {shown[0]} ({title!r}): {p}" for p in found)
 
-        def checked(fig, _show=show):
-            shown[0] += 1
-            title = fig._suptitle.get_text() if fig._suptitle else ""
-            title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
-            problems.extend(f"figure {shown[0]} ({title!r}): {p}" for p in figure_problems(fig))
-            return _show(fig)
-
-        formatter.for_type(Figure, checked)
-        break                  # one format is enough: each figure is checked once
+    wrap_figure_display(check)
     return problems

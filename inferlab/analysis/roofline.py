@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from inferlab.analysis.figures import legend_outside
+from inferlab.analysis.figures import legend_below, plain_log_ticks
 from inferlab.analysis.formulas import ridge_point
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 
@@ -78,5 +78,6 @@ def plot_roofline(roofs: Sequence[Roof], points: Iterable[tuple[float, float, st
     if title:
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    legend_outside(ax)
+    plain_log_ticks(ax)        # 1 T, 100 G: no 10^12 on the throughput axis
+    legend_below(ax, ncols=2)  # under the axes: beside them it would take half the column
     return ax

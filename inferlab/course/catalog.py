@@ -3,7 +3,9 @@
 The instructor guide, the status page and the site tests cover whatever chapters and labs exist
 by asking this module instead of listing them by hand:
 
-- ``toc_parts()``: the parts of ``_toc.yml`` and the files in each;
+- ``toc_parts()``: the parts of ``_toc.yml`` and the files in each; ``chapters()``: the
+  numbered chapters, each with its pages (the chapter and its sections, not its lab), and
+  ``toc_pages(kind)``: every page of one kind ("chapter", "lab", "solution") in reading order;
 - ``labs()``: every lab in ``labs/`` with its title, its solution and its check module;
 - ``check_summaries(module)``: each check's exercise label, what it tests (its docstring) and
   the hints a learner sees when it fails (the ``hint=`` strings), read from
@@ -47,6 +49,35 @@ def toc_parts(root: Path = ROOT) -> dict[str, list[str]]:
 def toc_files(root: Path = ROOT) -> list[str]:
     """Every page of the table of contents, without extension, in order."""
     return [f for files in toc_parts(root).values() for f in files]
+
+
+def chapters(root: Path = ROOT) -> dict[str, list[str]]:
+    """``{chapter: [its pages]}`` for the numbered part of ``_toc.yml``, in order (Chapter 1
+    first): a chapter's pages are its own file, then the files of its sections under ``book/``
+    (a chapter split into sections); the lab that follows it in the reader's path is not one."""
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+    numbered = [p for p in toc.get("parts", []) if p.get("numbered")]
+    assert len(numbered) == 1, "_toc.yml should have exactly one numbered part (the chapters)"
+
+    def pages(entry) -> list[str]:
+        out = [entry["file"]] if entry.get("file", "").startswith("book/") else []
+        for sub in entry.get("sections") or []:
+            out += pages(sub)
+        return out
+
+    return {entry["file"]: pages(entry) for entry in numbered[0]["chapters"]
+            if entry.get("file", "").startswith("book/")}
+
+
+def toc_pages(kind: str, root: Path = ROOT) -> list[str]:
+    """Every page of the table of contents of one kind, in reading order: "chapter" (each
+    chapter's pages, sections included), "lab" or "solution"."""
+    if kind == "chapter":
+        return [page for pages in chapters(root).values() for page in pages]
+    folder = {"lab": "labs/", "solution": "solutions/"}[kind]
+    return [f for f in toc_files(root) if f.startswith(folder)]
 
 
 @dataclass(frozen=True)
