@@ -1,0 +1,292 @@
+"""What a token costs on the chips of 2026, at the precisions production runs, and owning them.
+
+Three questions Chapter 8 asks of the newest chips, each answered from dated, sourced rows:
+
+- **Cost per token at bf16, FP8 and FP4.** ``data/chips_2026.csv`` holds the GB300 NVL72 (one
+  of its 72 GPUs), the HGX B300, the MI355X and the TPU7x (Ironwood): memory, bandwidth and a
+  dense peak per format. ``decode_point`` times one decode step with the course's one step-time
+  model (``inferlab.analysis.step_time.StepModel``: each kernel on its own roofline, the peak
+  that of the precision's format), and ``best_point`` takes the largest batch whose step stays
+  within a TPOT bound. FP8 halves the bytes of the weights and of the cache; FP4 (MXFP4: 4-bit
+  E2M1 elements in blocks of 32 with one 8-bit scale, ``inferlab.model.formats``) halves the
+  weights again, with the cache kept in FP8 as engines ship it. A chip whose table row has no
+  peak for a format cannot run it here (the TPU7x's page lists no FP4).
+- **Reasoning output as a cost driver.** ``api_request_usd`` prices one request from a row of
+  ``data/api_prices_2026.csv`` (input, cached input, output, batch discount); a reasoning model
+  bills its hidden chain of thought as output, so the output count, not the question, sets the
+  bill. ``self_hosted_request_usd`` does the same on a chip: the cache grows with every
+  thought token, so long outputs also make each token dearer (fewer sequences fit, each step
+  reads more).
+- **Owning against renting.** ``own_vs_rent`` compares a fleet sized for the daily peak and
+  powered around the clock at the chip's published TDP with renting chips hour by hour as a
+  daily load cycle needs them. What it returns is the break-even: the most an owned chip may
+  cost a year (its price spread over its life, plus hosting, network and staff) for owning to
+  be cheaper. The load cycle (``daily_load``) is a scenario the reader sets, not a measurement.
+
+Every number comes from a row that names its source and date (``cost_input`` for single
+numbers: electricity prices, rents, output lengths); a row without either is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferlab.analysis.hardware import DeviceSpec
+from inferlab.analysis.prices import STATUSES, parse_date
+from inferlab.analysis.step_time import PRECISIONS, Precision, Shape, StepModel
+from inferlab.analysis.token_cost import kv_bytes_per_token, usd_per_million, weight_bytes
+from inferlab.data import read_table
+from inferlab.model.config import ModelConfig
+
+# MXFP4 as the OCP MX spec stores it (inferlab.model.formats.mxfp4_quantize): 32 elements of
+# 4 bits share one 8-bit power-of-two scale.
+MX_BLOCK, E2M1_BITS, E8M0_BITS = 32, 4, 8
+FP4 = Precision("fp4", (E2M1_BITS + E8M0_BITS / MX_BLOCK) / 8, 1, "fp4",
+                "MXFP4 weights and activations on FP4 tensor cores (4.25 bits a weight with "
+                "its block scale); FP8 KV cache")
+CHIP_PRECISIONS = {"bf16": PRECISIONS["bf16"], "fp8": PRECISIONS["fp8"], "fp4": FP4}
+UNITS = {"GB": 1e9, "GiB": 2**30}
+
+
+def _checked(row: dict, file: str) -> dict:
+    where = f"data/{file}, row {row.get('name') or row.get('model') or row.get('key')}"
+    if not row.get("source", "").strip():
+        raise ValueError(f"{where}: no source")
+    parse_date(row.get("date", ""))
+    if row.get("status") not in STATUSES:
+        raise ValueError(f"{where}: status must be one of {STATUSES}")
+    return row
+
+
+def _num(text: str, scale: float = 1.0) -> float | None:
+    """A table cell: empty stays None (a number no source gave), never a guess."""
+    return float(text) * scale if text.strip() else None
+
+
+# --- the chips --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Chip:
+    """One row of ``data/chips_2026.csv``: the roofline's numbers and the published power."""
+
+    spec: DeviceSpec
+    vendor: str
+    tdp_w: float | None
+    date: str
+    status: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def load_chips() -> dict[str, Chip]:
+    """Every row of ``data/chips_2026.csv``, checked, in table order."""
+    out = {}
+    for row in (_checked(r, "chips_2026.csv") for r in read_table("chips_2026.csv")):
+        spec = DeviceSpec(row["name"], row["kind"], _num(row["bandwidth_gbs"], 1e9),
+                          _num(row["peak_bf16_tflops"], 1e12), None,
+                          _num(row["memory"], UNITS[row["memory_unit"]]), row["source"],
+                          row["notes"], memory_kind="HBM",
+                          peak_fp8=_num(row["peak_fp8_tflops"], 1e12),
+                          peak_fp4=_num(row["peak_fp4_tflops"], 1e12), gpu_link=row["gpu_link"])
+        out[spec.name] = Chip(spec, row["vendor"], _num(row["tdp_w"]), row["date"], row["status"])
+    return out
+
+
+def chip(name: str) -> Chip:
+    chips = load_chips()
+    if name not in chips:
+        raise ValueError(f"{name!r} is not in data/chips_2026.csv; it has: {', '.join(chips)}")
+    return chips[name]
+
+
+# --- cost per token at a precision ------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodePoint:
+    """One chip decoding ``batch`` sequences of ``context`` tokens at ``precision``."""
+
+    chip: str
+    precision: str
+    batch: int
+    context: int
+    step_s: float
+    memory_bound: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.step_s
+
+    def usd_per_m_output(self, usd_per_hour: float) -> float:
+        """Dollars per million output tokens with the chip rented at ``usd_per_hour``."""
+        return usd_per_million(usd_per_hour, self.tokens_per_s)
+
+
+def _precision(chip_: Chip, prec: str) -> Precision:
+    p = CHIP_PRECISIONS[prec]
+    if chip_.spec.peak_flops(p.compute) is None:
+        raise ValueError(f"data/chips_2026.csv gives {chip_.name} no {prec} peak, so it cannot "
+                         f"be priced at {prec}")
+    return p
+
+
+def max_batch(config: ModelConfig, chip_: Chip, prec: str, context: int) -> int:
+    """Sequences of ``context`` tokens whose cache fits beside the weights on one chip."""
+    p = _precision(chip_, prec)
+    room = chip_.spec.memory - weight_bytes(config, p)
+    return max(0, int(room // (context * kv_bytes_per_token(config, p))))
+
+
+def decode_point(config: ModelConfig, chip_: Chip, prec: str, batch: int,
+                 context: int) -> DecodePoint:
+    """One decode step on one chip, timed by the step-time model at the precision's peak."""
+    if not 1 <= batch <= max_batch(config, chip_, prec, context):
+        raise ValueError(f"{batch} sequences of {context} tokens do not fit on one {chip_.name} "
+                         f"beside {config.name}'s weights at {prec}")
+    model = StepModel.for_device(config, chip_.spec, _precision(chip_, prec))
+    kernels = model.kernels(Shape.decode(batch, batch * (context + 1)))
+    memory_bound = sum(k.memory_s for k in kernels) >= sum(k.compute_s for k in kernels)
+    return DecodePoint(chip_.name, prec, batch, context, sum(k.seconds for k in kernels),
+                       memory_bound)
+
+
+def best_point(config: ModelConfig, chip_: Chip, prec: str, context: int,
+               tpot_s: float) -> DecodePoint:
+    """The largest batch that fits and whose step takes at most ``tpot_s`` (the step time
+    grows with the batch, so a bisection finds it)."""
+    lo, hi = 1, max_batch(config, chip_, prec, context)
+    if hi < 1 or decode_point(config, chip_, prec, 1, context).step_s > tpot_s:
+        raise ValueError(f"{config.name} at {prec} on one {chip_.name} cannot decode even one "
+                         f"sequence of {context} tokens within {tpot_s * 1e3:g} ms")
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if decode_point(config, chip_, prec, mid, context).step_s <= tpot_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return decode_point(config, chip_, prec, lo, context)
+
+
+def precision_table(model: str, context: int, tpot_s: float) -> dict[tuple[str, str], DecodePoint
+                                                                  | None]:
+    """``best_point`` for every chip and precision; None where the chip has no such peak."""
+    config = ModelConfig.from_name(model)
+    out = {}
+    for name, c in load_chips().items():
+        for prec in CHIP_PRECISIONS:
+            try:
+                out[name, prec] = best_point(config, c, prec, context, tpot_s)
+            except ValueError:
+                out[name, prec] = None
+    return out
+
+
+# --- single sourced numbers -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CostInput:
+    key: str
+    value: float
+    unit: str
+    date: str
+    source: str
+    status: str
+
+
+def cost_input(key: str) -> CostInput:
+    """The row ``key`` of ``data/cost_inputs_2026.csv``, checked."""
+    for row in read_table("cost_inputs_2026.csv"):
+        if row["key"] == key:
+            _checked(row, "cost_inputs_2026.csv")
+            return CostInput(key, float(row["value"]), row["unit"], row["date"], row["source"],
+                             row["status"])
+    raise ValueError(f"{key!r} is not in data/cost_inputs_2026.csv")
+
+
+# --- reasoning output as a cost driver --------------------------------------------------------
+@dataclass(frozen=True)
+class ApiPrice:
+    """A row of ``data/api_prices_2026.csv``; None where the source gave no figure."""
+
+    provider: str
+    model: str
+    usd_per_m_input: float
+    usd_per_m_cached_input: float | None
+    usd_per_m_cache_write: float | None
+    usd_per_m_output: float
+    batch_discount: float | None   # the share of the price a batch request saves
+    date: str
+    status: str
+
+
+def api_prices_2026() -> list[ApiPrice]:
+    return [ApiPrice(r["provider"], r["model"], float(r["usd_per_m_input"]),
+                     _num(r["usd_per_m_cached_input"]), _num(r["usd_per_m_cache_write"]),
+                     float(r["usd_per_m_output"]), _num(r["batch_discount"]), r["date"],
+                     r["status"])
+            for r in (_checked(row, "api_prices_2026.csv")
+                      for row in read_table("api_prices_2026.csv"))]
+
+
+def api_request_usd(price: ApiPrice, input_tokens: int, output_tokens: int,
+                    cached_share: float = 0.0, batch: bool = False) -> float:
+    """Dollars for one request: ``cached_share`` of the input read from the provider's cache,
+    the rest at the input price, every output token (a reasoning model's thoughts included) at
+    the output price; the batch API's discount on the whole when ``batch``."""
+    if not 0 <= cached_share <= 1:
+        raise ValueError(f"cached_share must lie in [0, 1], got {cached_share}")
+    if cached_share and price.usd_per_m_cached_input is None:
+        raise ValueError(f"no cached-input price for {price.model} in data/api_prices_2026.csv")
+    if batch and price.batch_discount is None:
+        raise ValueError(f"no batch discount for {price.model} in data/api_prices_2026.csv")
+    cached = input_tokens * cached_share
+    usd = ((input_tokens - cached) * price.usd_per_m_input + output_tokens * price.usd_per_m_output
+           + (cached * price.usd_per_m_cached_input if cached else 0.0)) / 1e6
+    return usd * (1 - price.batch_discount) if batch else usd
+
+
+def self_hosted_request_usd(config: ModelConfig, chip_: Chip, prec: str, prompt: int,
+                            output: int, tpot_s: float, usd_per_hour: float) -> float:
+    """The decode cost of one request's ``output`` tokens on a rented chip, at the batch that
+    meets ``tpot_s`` when every sequence holds the request's mean context (the cache grows from
+    ``prompt`` to ``prompt + output`` tokens). Prefill is left out: it is the same for any
+    output length."""
+    point = best_point(config, chip_, prec, prompt + output // 2, tpot_s)
+    return output * usd_per_hour / 3600 / point.tokens_per_s
+
+
+# --- owning against renting -------------------------------------------------------------------
+def daily_load(peak: float, trough: float, peak_hour: int = 14) -> list[float]:
+    """A scenario, not a measurement: chips busy in each hour of a day, a cosine from
+    ``trough`` (12 hours from the peak) to ``peak`` (at ``peak_hour``)."""
+    if not 0 <= trough <= peak:
+        raise ValueError("need 0 <= trough <= peak")
+    return [trough + (peak - trough) * (1 + math.cos(2 * math.pi * (h - peak_hour) / 24)) / 2
+            for h in range(24)]
+
+
+@dataclass(frozen=True)
+class OwnVsRent:
+    owned_chips: int
+    utilisation: float            # busy chip-hours over owned chip-hours
+    rent_usd_per_day: float       # whole chips rented each hour as the load needs them
+    power_usd_per_day: float      # every owned chip at its TDP around the clock
+    break_even_usd_per_chip_year: float
+
+    @property
+    def rent_usd_per_chip_year(self) -> float:
+        return self.rent_usd_per_day * 365 / self.owned_chips
+
+
+def own_vs_rent(load: list[float], rent_usd_per_hour: float, tdp_w: float,
+                usd_per_kwh: float) -> OwnVsRent:
+    """Owning ``ceil(max(load))`` chips, powered at ``tdp_w`` all day, against renting
+    ``ceil(load[h])`` chips in hour h. The break-even is the yearly sum an owned chip may cost,
+    beyond its power, for owning to be the cheaper. Power at the TDP is an upper bound for the
+    chip itself and leaves out cooling and the rest of the server (no sourced row gives them)."""
+    if len(load) != 24 or min(load) < 0 or max(load) <= 0:
+        raise ValueError("load must give the chips busy in each of 24 hours, some above zero")
+    owned = math.ceil(max(load))
+    rent = sum(math.ceil(x) for x in load) * rent_usd_per_hour
+    power = owned * 24 * tdp_w / 1000 * usd_per_kwh
+    return OwnVsRent(owned, sum(load) / (owned * 24), rent, power,
+                     (rent - power) * 365 / owned)
