@@ -140,15 +140,16 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
     a = engine.submit(Request(first.prompt, 40))  # no EOS: it keeps decoding
     next(iter(a))  # a is running: from now on every step has a decode batch
     entered, go, holding = threading.Semaphore(0), threading.Semaphore(0), [True]
-    real_decode = engine.server.runner.decode
+    real_forward = engine.server.runner.forward
 
     def held_decode(rows):
-        if holding[0]:
+        decoding = all(s.is_decode_row(n) for s, n in rows)
+        if holding[0] and decoding:  # the decode batch, not a prefill
             entered.release()
             assert go.acquire(timeout=10), "the test never let the decode batch go"
-        return real_decode(rows)
+        return real_forward(rows)
 
-    engine.server.runner.decode = held_decode
+    engine.server.runner.forward = held_decode
     try:
         assert entered.acquire(timeout=10)  # a step is in a's decode batch
         b = engine.submit(second)           # admitted at the next step
@@ -161,4 +162,4 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
         holding[0] = False
         for _ in range(4):
             go.release()
-        engine.server.runner.decode = real_decode
+        engine.server.runner.forward = real_forward

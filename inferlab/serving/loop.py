@@ -31,7 +31,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
@@ -56,32 +56,66 @@ class Result:
         return self.error is None
 
 
+class Row(NamedTuple):
+    """One row of a forward pass: a sequence and the tokens it ran."""
+
+    seq_id: int
+    new: int        # tokens run through the model this forward
+    cached: int     # tokens before them whose K/V the cache already held
+    prefill: bool   # prompt work (a whole prompt, a chunk, a recompute); False: one decode
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward pass as it ran: its rows and how long it took."""
+
+    rows: tuple[Row, ...]
+    seconds: float
+
+
 @dataclass(frozen=True)
 class Iteration:
-    """One step of the loop as it ran: its prefills, its decode batch and how long each took.
+    """One step of the loop as it ran: its forward passes, in order, and what the step changed.
 
-    In a chunked step (a token budget) there is one forward pass: ``decode_s`` times it, and
-    ``chunks`` lists the prefill work it did besides the decodes.
+    Every policy logs the same shape. Without a token budget a step is a forward per prefill
+    (one row each, a whole prompt), then one forward for the decode batch; with one, the whole
+    step is one forward whose rows are the decodes and the prefill chunks. ``padding_ids`` are
+    the decode rows of finished sequences a static batch keeps (computed, their tokens dropped).
     """
 
     start_s: float
-    prefills: tuple[tuple[int, int, float], ...]  # (seq_id, tokens, seconds), one forward each
-    decode_ids: tuple[int, ...]
-    padding_ids: tuple[int, ...]                  # finished rows riding along (static batching)
-    decode_context: int                           # K/V tokens the decode batch attends over
-    decode_s: float
+    forwards: tuple[Forward, ...]
     preempted: tuple[int, ...]
     free_blocks: int                              # after the step's allocations
-    chunks: tuple[tuple[int, int, int], ...] = ()  # (seq_id, new tokens, tokens already cached)
+    padding_ids: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for f in self.forwards for row in f.rows]
+
+    @property
+    def prefill_rows(self) -> list[Row]:
+        """The rows that did prompt work (whole prompts or chunks)."""
+        return [row for row in self.rows if row.prefill]
+
+    @property
+    def decode_ids(self) -> tuple[int, ...]:
+        """Sequences that decoded a token this step (padding rows not included)."""
+        pad = set(self.padding_ids)
+        return tuple(r.seq_id for r in self.rows if not r.prefill and r.seq_id not in pad)
 
     @property
     def decode_batch(self) -> int:
-        """Rows in the decode forward, padding included."""
-        return len(self.decode_ids) + len(self.padding_ids)
+        """Decode rows, padding included."""
+        return sum(not r.prefill for r in self.rows)
+
+    @property
+    def busy_s(self) -> float:
+        return sum(f.seconds for f in self.forwards)
 
     @property
     def end_s(self) -> float:
-        return self.start_s + sum(s for _, _, s in self.prefills) + self.decode_s
+        return self.start_s + self.busy_s
 
 
 @dataclass
@@ -250,7 +284,7 @@ class Server:
                                    "wait for")
             self.clock.skip_to(min(wake))
             return []
-        tokens = self._run_chunked(step, now) if self.chunked else self._run(step, now)
+        tokens = self._run(step, now)
         try:
             return self.scheduler.update(step, tokens)
         except Exception as error:
@@ -270,65 +304,47 @@ class Server:
             step.chunks.pop(seq, None)
         self.fail(seqs, stage, error)
 
+    def _forwards(self, step: Step) -> list[list[tuple[Sequence, int]]]:
+        """The step's forward passes, as rows ``(sequence, new tokens)``: with a token budget,
+        one pass of the decodes and the prefill chunks; without, a pass per prefill (its whole
+        prompt), then one of the decodes and any padding rows."""
+        decodes = [(s, 1) for s in step.decodes]
+        if self.chunked:
+            return [decodes + [(s, step.new_tokens(s)) for s in step.prefills]]
+        padding = [(s, 1) for s in self.scheduler.padding] if decodes else []
+        return [[(s, s.num_uncomputed)] for s in step.prefills] + \
+            ([decodes + padding] if decodes else [])
+
     def _run(self, step: Step, now: float) -> list[int]:
-        """Chapter 4's step: each prefill a forward pass of its own, then the decode batch."""
-        tokens, prefills = [], []
-        for seq in list(step.prefills):
+        """Run the step's forward passes; return a token per scheduled sequence (its order)."""
+        tokens: dict[int, int] = {}
+        forwards = []
+        padding = set(map(id, self.scheduler.padding)) if step.decodes else set()
+        prefills = set(map(id, step.prefills))
+        for rows in self._forwards(step):
+            logged = tuple(Row(s.seq_id, n, s.row_start(n), id(s) in prefills) for s, n in rows)
             t0 = self.clock.now()
             try:
-                tokens.append(self.runner.prefill(seq))
-            except Exception as error:
-                self._drop(step, [seq], "running its prefill", error)
+                out = self.runner.forward(rows)
+            except Exception as error:  # a prefill alone is blamed; a shared pass, every row
+                self._drop(step, [s for s, _ in rows if id(s) not in padding],
+                           "running a forward pass", error)
                 continue
             t1 = self.clock.now()
-            self.stamps[seq.seq_id].append(t1)
-            prefills.append((seq.seq_id, seq.num_tokens, t1 - t0))
-            if self.on_prefill is not None:
-                self.on_prefill(seq, int(tokens[-1]))
-        padding = self.scheduler.padding
-        rows = step.decodes + padding
-        decode_s, context = 0.0, sum(s.table.num_tokens for s in rows)
-        if step.decodes:
-            t0 = self.clock.now()
-            try:
-                tokens.extend(self.runner.decode(rows)[:len(step.decodes)])  # padding dropped
-            except Exception as error:  # one forward for the batch: every row is blamed
-                self._drop(step, list(step.decodes), "running a decode batch", error)
-            t1 = self.clock.now()
-            decode_s = t1 - t0
-            for seq in step.decodes:
+            forwards.append(Forward(logged, t1 - t0))
+            for (seq, n), token in zip(rows, out):
+                if id(seq) in padding or not step.samples(seq):
+                    continue  # padding, or a chunk that leaves part of its prompt
+                tokens[id(seq)] = int(token)
                 self.stamps[seq.seq_id].append(t1)
+                if self.on_prefill is not None and not self.chunked and id(seq) in prefills:
+                    self.on_prefill(seq, int(token))
         if self.on_iteration is not None:
             self.on_iteration(Iteration(
-                now, tuple(prefills), tuple(s.seq_id for s in step.decodes),
-                tuple(s.seq_id for s in padding), context, decode_s,
-                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free))
-        return tokens
-
-    def _run_chunked(self, step: Step, now: float) -> list[int]:
-        """A chunked step: decode rows and prefill chunks in one forward pass."""
-        if self.scheduler.padding:
-            raise RuntimeError("a chunked step cannot carry padding rows (static batching)")
-        chunks = [(s, step.new_tokens(s)) for s in step.prefills]
-        context = sum(s.table.num_tokens for s in step.decodes)
-        cached = [s.num_computed for s, _ in chunks]
-        t0 = self.clock.now()
-        try:
-            out = self.runner.forward(step.decodes, chunks)
-        except Exception as error:  # one forward for the step: every row is blamed
-            self._drop(step, step.scheduled, "running a chunked step", error)
-            out = []
-        t1 = self.clock.now()
-        for seq in step.scheduled:
-            if step.samples(seq):
-                self.stamps[seq.seq_id].append(t1)
-        if self.on_iteration is not None:
-            self.on_iteration(Iteration(
-                now, (), tuple(s.seq_id for s in step.decodes), (), context, t1 - t0,
-                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free,
-                tuple((s.seq_id, n, c) for (s, n), c in zip(chunks, cached))))
-        d = len(step.decodes)
-        return [*out[d:], *out[:d]]  # the order of step.scheduled: prefills, then decodes
+                now, tuple(forwards), tuple(s.seq_id for s in step.preempted),
+                self.scheduler.memory.num_free,
+                tuple(s.seq_id for s in self.scheduler.padding if step.decodes)))
+        return [tokens.get(id(s), 0) for s in step.scheduled]
 
 
 def _remove(queue: list[Sequence], seq: Sequence) -> bool:

@@ -132,7 +132,8 @@ class _Node:
         self.clock = VirtualClock()
         self.clock.skip_to(start_s)
         self.scheduler = Scheduler(config)
-        self.server = Server(self.scheduler, SimRunner(costs, self.clock), self.clock)
+        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None)
+        self.server = Server(self.scheduler, runner, self.clock)
         self.alive, self.link_free_s = True, 0.0
 
     def load(self, now: float) -> tuple:

@@ -65,11 +65,8 @@ class MemoryRecorder:
         self.sums = dict(tokens=0.0, reserved=0.0, internal=0.0, free=0.0, running=0.0)
         self.counted = self.steps = 0
 
-    def prefill(self, seq) -> int:
-        return 1
-
-    def decode(self, seqs) -> list[int]:
-        return [1] * len(seqs)
+    def forward(self, rows) -> list[int]:
+        return [1] * len(rows)
 
     def record(self, iteration) -> None:
         """Called once per step, after the step's allocations (``drive``'s ``on_iteration``)."""

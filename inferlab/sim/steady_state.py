@@ -111,13 +111,13 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     steps = rows = 0
     for it in run.iterations:
         if inside(it.start_s):
-            prefill_s += sum(s for _, _, s in it.prefills)
-            # a chunked step is one forward: split in proportion to the tokens each phase put
-            # through it (a decode row is one token, a chunk its new tokens)
-            chunk_tokens = sum(n for _, n, _ in it.chunks)
-            share = chunk_tokens / (chunk_tokens + it.decode_batch) if chunk_tokens else 0.0
-            prefill_s += share * it.decode_s
-            decode_s += (1 - share) * it.decode_s
+            for f in it.forwards:
+                # a forward's time is split in proportion to the tokens each phase put through
+                # it (a decode row is one token, a prefill row its new tokens)
+                prompt = sum(r.new for r in f.rows if r.prefill)
+                share = prompt / (prompt + sum(not r.prefill for r in f.rows))
+                prefill_s += share * f.seconds
+                decode_s += (1 - share) * f.seconds
             if it.decode_ids:
                 steps += 1
                 rows += it.decode_batch

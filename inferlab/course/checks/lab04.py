@@ -65,13 +65,9 @@ class _FakeRunner:
                               "decode, and waiting ones are admitted when the engine is idle.")
         self.clock.advance(1e-3)
 
-    def prefill(self, seq):
+    def forward(self, rows):
         self._tick()
-        return len(seq.output) + 1
-
-    def decode(self, seqs):
-        self._tick()
-        return [len(s.output) + 1 for s in seqs]
+        return [len(s.output) + 1 for s, _ in rows]
 
 
 def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
@@ -84,7 +80,7 @@ def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
     log = []
     total = sum(r.max_new_tokens for r in requests)
     drive(dict(enumerate(requests)), sched, _FakeRunner(clock, 20 * total + 100), clock,
-          lambda it: log.append((tuple(p[0] for p in it.prefills), it.decode_ids,
+          lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
                                  it.padding_ids, it.preempted)))
     return log, sched
 

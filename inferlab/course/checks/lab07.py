@@ -58,14 +58,14 @@ class _FakeRunner:
     def __init__(self, clock, limit: int):
         self.clock, self.limit, self.steps = clock, limit, 0
 
-    def forward(self, decodes, chunks):
+    def forward(self, rows):
         self.steps += 1
         if self.steps > self.limit:
             raise CheckFailed(f"the trace did not finish within {self.limit} steps.\n  Hint: "
                               "every step must make progress: decode the running sequences, "
                               "give prompts chunks, and admit waiting ones when there is room.")
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s in decodes] + [len(s.output) + 1 for s, _ in chunks]
+        return [len(s.output) + 1 for s, _ in rows]
 
 
 def _replay(policy, trace):
@@ -78,7 +78,7 @@ def _replay(policy, trace):
     log = []
     limit = 20 * sum(len(r.prompt) + r.max_new_tokens for r in requests) + 100
     drive(dict(enumerate(requests)), sched, _FakeRunner(clock, limit), clock,
-          lambda it: log.append((tuple((sid, n) for sid, n, _ in it.chunks), it.decode_ids,
+          lambda it: log.append((tuple((r.seq_id, r.new) for r in it.prefill_rows), it.decode_ids,
                                  it.preempted)))
     return log, sched
 
