@@ -8,17 +8,21 @@ servers on one timeline). ``drive`` runs one server until every request is done.
 
 Each step the server lets in the requests whose time has come, asks the scheduler for a
 ``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
-back to the scheduler. Without a token budget a step is Chapter 4's: each prefill is a forward
-pass of its own (``runner.prefill(seq) -> token``), then one decode pass over the batch
-(``runner.decode(seqs) -> tokens``). With one (chunked prefill), the whole step is ONE forward
-pass over a ragged batch of decode rows and prefill chunks (``runner.forward(decodes, chunks)
--> tokens``, chunks as ``(seq, new tokens)``); a chunk that leaves part of its prompt for later
+back to the scheduler. A runner has one method, ``forward(rows) -> tokens``: one forward pass
+over rows ``(sequence, new tokens)``, a token per row. Without a token budget a step is
+Chapter 4's: a forward per prefill (one row, the whole prompt), then one over the decode batch
+(a row of one token per sequence). With one (chunked prefill), the whole step is ONE forward
+over the decode rows and the prefill chunks; a chunk that leaves part of its prompt for later
 produces no token. When nothing can run, the server skips its clock to the next arrival instead
 of sleeping (the stamps are those a real-time server would have made, but an idle trace costs
 no waiting).
 
 A static batch's finished members that the policy holds (``Scheduler.padding``) ride along in
 the decode batch: the runner computes their rows and the loop drops what they produce.
+
+Every step is logged as an ``Iteration`` of the same shape whatever the policy: its forward
+passes, each with its rows (sequence, new tokens, cached tokens, prompt work or a decode) and
+its seconds.
 
 What a run returns is a ``Run``: one ``Result`` per request in the order given (its tokens and
 timings, or the error that refused it), the ``Iteration`` log, the preemptions and a
@@ -360,8 +364,7 @@ def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,
           on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
     """Serve ``requests`` (key i becomes sequence i) on one ``Server``; return the token stamps.
 
-    ``runner`` has ``prefill(seq) -> token`` and ``decode(seqs) -> tokens`` (and, for a token
-    budget, ``forward(decodes, chunks) -> tokens``); ``clock`` has ``now()`` and ``skip_to(t)``. The
+    ``runner`` has ``forward(rows) -> tokens``; ``clock`` has ``now()`` and ``skip_to(t)``. The
     sequences end in ``scheduler.finished``.
     """
     server = Server(scheduler, runner, clock, on_iteration)
