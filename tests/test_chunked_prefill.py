@@ -225,7 +225,7 @@ def test_packed_attention_equals_contiguous_attention(rows):
         tables.append(table), keys.append(k), values.append(v)
         qs.append(torch.randn(1, H, new, D, dtype=torch.float64))
         starts.append(cached), tokens.append([0] * new)
-    _, _, meta = cache.prepare_ragged(tables, tokens, starts)
+    _, _, meta = cache.prepare(tables, tokens, starts)
     cache.bind(tables, meta)
     q = torch.cat(qs, dim=2)
     k_new = torch.cat([k[:, :, c:] for k, (c, _) in zip(keys, rows)], dim=2)
@@ -254,7 +254,7 @@ def test_a_packed_forward_refuses_positions_beyond_the_table():
     table = cache.new_table()
     table.append(3)
     with pytest.raises(ValueError, match="append to the table first"):
-        cache.prepare_ragged([table], [[1, 2]], [2])
+        cache.prepare([table], [[1, 2]], [2])
 
 
 # -- cost models and the simulator --------------------------------------------------------------

@@ -65,10 +65,18 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
                 memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
     """Blocks for ``max_batch`` copies of the longest request that can run, so that no
     preemption is needed, but at most what ``memory_fraction`` of the device's free memory
-    holds (requests that need more than that are then refused)."""
+    holds (requests that need more than that are then refused): ``pool_blocks_for``."""
     refused = refusals(requests, model.config)
     longest = max((longest_tokens(len(r.prompt), r.max_new_tokens)
                    for i, r in enumerate(requests) if i not in refused), default=1)
+    return pool_blocks_for(model, longest, config, memory_fraction)
+
+
+def pool_blocks_for(model, longest: int, config: ServingConfig,
+                    memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
+    """The engine's one sizing rule: ``config.max_batch`` sequences of ``longest`` tokens, at
+    most what ``memory_fraction`` of the device's free memory holds. A server that cannot know
+    its requests passes the model's context length."""
     wanted = config.max_batch * blocks_for(longest, config.block_size)
     affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
         block_bytes(model, config.block_size, config)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Clock, Runner
 from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, Step
@@ -141,7 +142,7 @@ class Run:
         return summarize([r.timing for r in self.results if r.ok], slo)
 
 
-class WallClock:
+class WallClock(Clock):
     """Seconds since the run started, measured, except that idle gaps can be skipped."""
 
     def __init__(self):
@@ -156,7 +157,7 @@ class WallClock:
         self._skipped += max(0.0, t - self.now())
 
 
-class VirtualClock:
+class VirtualClock(Clock):
     """Simulated seconds: advanced by modelled step times, never by the wall clock."""
 
     def __init__(self):
@@ -195,7 +196,7 @@ class Server:
     experiment.
     """
 
-    def __init__(self, scheduler: Scheduler, runner, clock,
+    def __init__(self, scheduler: Scheduler, runner: Runner, clock: Clock,
                  on_iteration: Callable[[Iteration], None] | None = None,
                  on_prefill: Callable[[Sequence, int], None] | None = None,
                  isolate: bool = False):
@@ -245,18 +246,9 @@ class Server:
         ``failures``; a sequence already finished or taken out is left alone."""
         why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
         for seq in dict.fromkeys(seqs):  # once each, in order
-            if seq.status is Status.FINISHED:
-                continue
-            try:
+            if seq.status is not Status.FINISHED:
                 self.scheduler.abort(seq)
-            except Exception:  # a half-changed sequence: take it out by hand
-                _remove(self.scheduler.waiting, seq)
-                if _remove(self.scheduler.running, seq) and seq.held:
-                    self.scheduler._num_held -= 1
-                if seq.table is not None:
-                    seq.table.free()
-                seq.table, seq.held, seq.status = None, False, Status.FINISHED
-            self.failures.append((seq, why))
+                self.failures.append((seq, why))
 
     def step(self) -> list[Sequence]:
         """Let in the arrivals, run one scheduled step; return the sequences that finished."""
@@ -351,16 +343,7 @@ class Server:
         return [tokens.get(id(s), 0) for s in step.scheduled]
 
 
-def _remove(queue: list[Sequence], seq: Sequence) -> bool:
-    """Remove ``seq`` (by identity) from ``queue``; whether it was there."""
-    for i, other in enumerate(queue):
-        if other is seq:
-            del queue[i]
-            return True
-    return False
-
-
-def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,
+def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, clock: Clock,
           on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
     """Serve ``requests`` (key i becomes sequence i) on one ``Server``; return the token stamps.
 
@@ -392,7 +375,7 @@ def collect_results(requests: list[Request], refused: dict[int, str], scheduler:
     return results
 
 
-def run_loop(requests: list[Request], scheduler: Scheduler, runner, clock,
+def run_loop(requests: list[Request], scheduler: Scheduler, runner: Runner, clock: Clock,
              refused: dict[int, str] | None = None) -> Run:
     """``drive`` the requests not ``refused`` and collect a ``Run``."""
     refused = refused or {}

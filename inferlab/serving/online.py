@@ -199,7 +199,7 @@ class OnlineEngine:
     @property
     def blocks_cached(self) -> int:
         """Blocks that only the prefix cache holds (0 without prefix caching)."""
-        return getattr(self.cache.memory, "num_cached_only", 0)
+        return self.cache.memory.num_cached_only
 
     @property
     def blocks_in_use(self) -> int:

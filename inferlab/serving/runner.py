@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Sequence
 from inferlab.serving.sampling import sample, sampling_inputs
 
 
-class ModelRunner:
-    """Runs forward passes of ``model`` over ``cache``; implements ``interfaces.Runner``."""
+class ModelRunner(Runner):
+    """Runs forward passes of ``model`` over ``cache``."""
 
     def __init__(self, model, cache: PagedKVCache):
         self.model, self.cache = model, cache
@@ -41,7 +42,7 @@ class ModelRunner:
         tables = [s.table for s, _ in rows]
         starts = [s.row_start(n) for s, n in rows]
         tokens = [s.token_slice(start, n) for (s, n), start in zip(rows, starts)]
-        ids, positions, meta = self.cache.prepare_ragged(tables, tokens, starts)
+        ids, positions, meta = self.cache.prepare(tables, tokens, starts)
         self.cache.bind(tables, meta)
         return ids, positions, meta.last_index
 

@@ -34,6 +34,7 @@ import torch
 
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence, longest_tokens
@@ -224,7 +225,7 @@ def measure_costs_for(model, requests: list[Request], config: ServingConfig,
                          min_run_time)
 
 
-class SimRunner:
+class SimRunner(Runner):
     """Stands in for ``ModelRunner``: charges each forward's modelled time; emits token 0.
 
     A row is a decode when it runs one token of a sequence whose prompt is computed

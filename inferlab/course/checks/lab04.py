@@ -24,6 +24,7 @@ from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.serving import metrics, scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.request import Request
@@ -51,7 +52,7 @@ def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float)
 _TRACES = [(0, 6, 200, 4, 4), (1, 10, 14, 4, 6), (2, 12, 13, 2, 8), (3, 8, 24, 8, 3)]
 
 
-class _FakeRunner:
+class _FakeRunner(Runner):
     """A model stand-in for replaying decisions: each token says how far along its sequence is."""
 
     def __init__(self, clock, limit: int):

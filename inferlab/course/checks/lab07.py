@@ -22,6 +22,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving import scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.metrics import SLO, RequestTiming
@@ -52,7 +53,7 @@ def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float)
 _TRACES = [(0, 6, 200, 4, 3, 8), (1, 9, 14, 4, 4, 12), (2, 10, 24, 2, 5, 6), (3, 8, 40, 8, 2, 20)]
 
 
-class _FakeRunner:
+class _FakeRunner(Runner):
     """A model stand-in for replaying a chunked policy: every step is one forward pass."""
 
     def __init__(self, clock, limit: int):
