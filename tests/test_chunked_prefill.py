@@ -7,7 +7,6 @@ against contiguous attention, the cost of a chunked step in both cost models, th
 chunked run's log.
 """
 
-from functools import lru_cache
 
 import pytest
 import torch
@@ -17,8 +16,6 @@ from hypothesis import strategies as st
 
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
-from inferlab.model.generate import generate
-from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
@@ -29,29 +26,11 @@ from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, chunk_pairs, simulate
 
+from conftest import alone, random_requests, tiny_model
 
-@lru_cache(maxsize=None)
+
 def model():  # float64, so that batching and chunking never flip a greedy choice
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=256)
-    return build_model(config, seed=0).to(torch.float64)
-
-
-@lru_cache(maxsize=None)
-def alone(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    return tuple(generate(model(), torch.tensor(prompt), n)[0, len(prompt):].tolist())
-
-
-def random_requests(data, max_prompt, max_new, n):
-    count = data.draw(st.integers(*n), label="requests")
-    t, out = 0.0, []
-    for i in range(count):
-        t += data.draw(st.sampled_from([0.0, 0.0, 0.001, 0.01]), label="gap")
-        length = data.draw(st.integers(1, max_prompt), label="prompt_len")
-        seed = data.draw(st.integers(0, 3), label="prompt_seed")
-        prompt = tuple(torch.randint(0, 512, (length,),
-                                     generator=torch.Generator().manual_seed(seed)).tolist())
-        out.append(Request(prompt, data.draw(st.integers(1, max_new), label="new"), t, f"r{i}"))
-    return out
+    return tiny_model(256)
 
 
 # -- the engine: chunked outputs equal unchunked ones, preemption included ----------------------

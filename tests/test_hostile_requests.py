@@ -21,6 +21,8 @@ from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, R
                                       validate_request)
 from inferlab.serving.sampling import GREEDY_BELOW, sample, truncate
 
+from conftest import tiny_model
+
 CONFIG = ServingConfig(num_blocks=64, max_batch=8)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # an engine thread runs beside the test
@@ -32,10 +34,8 @@ def tiny():
     return build_model(ModelConfig.from_name("tiny"), seed=0)
 
 
-@lru_cache(maxsize=None)
 def model():  # float64 and small: batching, chunking and preemption never flip a choice
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
-    return build_model(config, seed=0).to(torch.float64)
+    return tiny_model(128)
 
 
 def prompt(n, seed=0):
@@ -335,10 +335,10 @@ def inject(eng, stage, monkeypatch):
     elif stage == "scheduling":  # the policy admitting it, halfway through a step
         eng.scheduler.admit = for_marked(eng.scheduler.admit)
     elif stage in ("prefill", "decode batch", "chunked forward"):  # the runner's one forward
-        real = eng.server.runner.forward
+        real = eng.loop.runner.forward
 
         def kind(rows):  # which forward of a step these rows are
-            if eng.server.chunked:
+            if eng.loop.chunked:
                 return "chunked forward"
             decoding = all(s.is_decode_row(n) for s, n in rows)
             return "decode batch" if decoding else "prefill"
@@ -348,11 +348,11 @@ def inject(eng, stage, monkeypatch):
             raise RuntimeError(f"injected into {stage}")
 
         failing = always if stage == "prefill" else once(real)
-        eng.server.runner.forward = lambda rows: (
+        eng.loop.runner.forward = lambda rows: (
             failing(rows) if kind(rows) == stage and any(is_marked(s) for s, _ in rows)
             else real(rows))
     elif stage == "sampling":  # the model's logits turn NaN for the marked request's rows
-        real = eng.server.runner.model.forward
+        real = eng.loop.runner.model.forward
 
         def nan_for_marked(ids, positions, cache, **kw):
             out = real(ids, positions, cache, **kw)
@@ -362,7 +362,7 @@ def inject(eng, stage, monkeypatch):
                 out = out.clone()
                 out[:, rows] = float("nan")  # (1, rows, V): one packed forward
             return out
-        eng.server.runner.model = _Wrapped(eng.server.runner.model, nan_for_marked)
+        eng.loop.runner.model = _Wrapped(eng.loop.runner.model, nan_for_marked)
     return fired
 
 

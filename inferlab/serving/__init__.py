@@ -11,7 +11,7 @@ codes with scales), ``paged_attention`` (attention read in place on any device;
 pass: the metadata every engine forward is built with), ``sampling`` (the next token from the
 logits: greedy, or a seeded draw at a temperature), ``runner`` (the engine's one forward:
 ``forward(rows)``, rows of a sequence and its new tokens), ``loop`` (the loop every run goes
-through, one ``Server`` a step at a time, the ``Iteration`` log of forward passes, and the
+through, one ``StepLoop`` a step at a time, the ``Iteration`` log of forward passes, and the
 ``Run`` it returns), ``engine``
 (``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput, the largest gap
 between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start, and the memory

@@ -6,9 +6,12 @@ Underneath, three parts with one job each, all reading one ``ServingConfig``:
   decodes and who is preempted, and is the only code that changes a sequence's state;
 - the ``ModelRunner`` (``inferlab.serving.runner``) runs those decisions on the model over the
   paged KV cache (``inferlab.serving.paged_cache``) and samples greedily;
-- ``drive`` (``inferlab.serving.loop``) is the loop between them; the discrete-event simulator
-  (``inferlab.sim.simulator``) runs the same loop with modelled step times and returns a
-  ``Run`` of the same shape.
+- the ``StepLoop`` (``inferlab.serving.loop``) is the loop between them; the discrete-event
+  simulator (``inferlab.sim.simulator``) runs the same loop with modelled step times and
+  returns a ``Run`` of the same shape.
+
+A run goes through three layers: ``serve`` (the front door), ``Engine.run`` (the model, its pool
+and a scheduler) and ``StepLoop.run`` (the steps).
 
 Invalid requests (an empty prompt, token ids that are not integers in the vocabulary, a prompt
 longer than the model's context, max_new_tokens that is not a positive integer, a temperature
@@ -28,7 +31,7 @@ from typing import Iterable
 from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Run, WallClock, run_loop
+from inferlab.serving.loop import Run, StepLoop, WallClock
 from inferlab.serving import paged_cache
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
@@ -105,8 +108,8 @@ class Engine:
         requests = list(requests)
         refused = refusals(requests, self.model.config, self.num_blocks, self.config.block_size)
         scheduler = Scheduler(self.config, self.cache.memory)
-        run = run_loop(requests, scheduler, ModelRunner(self.model, self.cache), WallClock(),
-                       refused)
+        run = StepLoop(scheduler, ModelRunner(self.model, self.cache), WallClock()).run(
+            requests, refused)
         leaked = self.num_blocks - self.cache.memory.num_free
         if leaked:
             raise RuntimeError(f"{leaked} KV blocks are still allocated after every request "

@@ -1,10 +1,11 @@
 """The serving loop: requests in as they arrive, a scheduler's steps run, tokens stamped, a Run out.
 
-``Server`` is the one loop every run goes through, a step at a time: the engine with the model
+``StepLoop`` is the one loop every run goes through, a step at a time: the engine with the model
 (``inferlab.serving.engine``), the discrete-event simulator with modelled step times
 (``inferlab.sim.simulator``), Chapter 3's memory experiment (``inferlab.sim.memory_sim``) and
 the simulated clusters of Chapter 7 (``inferlab.sim.disaggregation``, which steps several
-servers on one timeline). ``drive`` runs one server until every request is done.
+servers on one timeline). ``StepLoop.run`` serves a list of requests to the end and returns
+their ``Run``; ``drive`` does the same for the labs' checks and returns the token stamps.
 
 Each step the server lets in the requests whose time has come, asks the scheduler for a
 ``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
@@ -173,8 +174,9 @@ class VirtualClock(Clock):
         self.t += seconds
 
 
-class Server:
-    """One engine's loop over a scheduler, a runner and a clock, a step at a time.
+class StepLoop:
+    """One engine's loop over a scheduler, a runner and a clock, a step at a time (vLLM calls
+    it the engine core's step; it is not an HTTP server).
 
     ``submit`` hands it a sequence that reaches it at a given time; ``step`` runs one iteration
     (or skips the clock to the next arrival) and returns the sequences that finished; ``stamps``
@@ -213,6 +215,25 @@ class Server:
         waiting queue at the first step that begins at or after that time."""
         heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
         self.stamps.setdefault(seq.seq_id, [])
+
+    def submit_all(self, requests: dict[int, Request]) -> None:
+        """Submit every request (key i becomes sequence i), in arrival order."""
+        for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
+            self.submit(Sequence.of(i, requests[i]))
+
+    def run(self, requests: list[Request], refused: dict[int, str] | None = None) -> Run:
+        """Serve ``requests`` except the ``refused`` ones (index: why) to the end: their
+        ``Run``, with this loop's iteration log."""
+        refused = refused or {}
+        iterations: list[Iteration] = []
+        if self.on_iteration is None:
+            self.on_iteration = iterations.append
+        self.submit_all({i: r for i, r in enumerate(requests) if i not in refused})
+        while not self.done:
+            self.step()
+        sched = self.scheduler
+        return Run(collect_results(requests, refused, sched, self.stamps), iterations,
+                   sched.num_preemptions, sched.config)
 
     def withdraw(self, seq: Sequence) -> None:
         """Take ``seq`` out wherever it is (not arrived yet, waiting or running); a running
@@ -345,17 +366,13 @@ class Server:
 
 def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, clock: Clock,
           on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
-    """Serve ``requests`` (key i becomes sequence i) on one ``Server``; return the token stamps.
-
-    ``runner`` has ``forward(rows) -> tokens``; ``clock`` has ``now()`` and ``skip_to(t)``. The
-    sequences end in ``scheduler.finished``.
-    """
-    server = Server(scheduler, runner, clock, on_iteration)
-    for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
-        server.submit(Sequence.of(i, requests[i]))
-    while not server.done:
-        server.step()
-    return server.stamps
+    """Serve ``requests`` (key i becomes sequence i) on one ``StepLoop``; return the token
+    stamps. The sequences end in ``scheduler.finished``."""
+    loop = StepLoop(scheduler, runner, clock, on_iteration)
+    loop.submit_all(requests)
+    while not loop.done:
+        loop.step()
+    return loop.stamps
 
 
 def collect_results(requests: list[Request], refused: dict[int, str], scheduler: Scheduler,
@@ -373,14 +390,3 @@ def collect_results(requests: list[Request], refused: dict[int, str], scheduler:
                               RequestTiming(r.arrival_s, tuple(stamps[i])), seq.num_preemptions,
                               finish_reason=seq.finish_reason))
     return results
-
-
-def run_loop(requests: list[Request], scheduler: Scheduler, runner: Runner, clock: Clock,
-             refused: dict[int, str] | None = None) -> Run:
-    """``drive`` the requests not ``refused`` and collect a ``Run``."""
-    refused = refused or {}
-    iterations: list[Iteration] = []
-    valid = {i: r for i, r in enumerate(requests) if i not in refused}
-    stamps = drive(valid, scheduler, runner, clock, iterations.append)
-    return Run(collect_results(requests, refused, scheduler, stamps), iterations,
-               scheduler.num_preemptions, scheduler.config)

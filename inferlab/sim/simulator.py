@@ -3,7 +3,7 @@
 A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
 many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
 attend over. So a simulator can replay a trace with the *real* scheduler and block manager (``inferlab.serving.scheduler``,
-``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.drive``), and
+``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.StepLoop``), and
 replace only the model by a cost model that says how long each step takes, charged to a
 virtual clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only
 step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two cost models:
@@ -35,7 +35,7 @@ import torch
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
-from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
+from inferlab.serving.loop import Iteration, Run, StepLoop, VirtualClock
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence, longest_tokens
 from inferlab.serving.runner import ModelRunner
@@ -261,4 +261,4 @@ def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -
     """
     clock = VirtualClock()
     runner = SimRunner(costs, clock, chunked=config.token_budget is not None)
-    return run_loop(list(requests), Scheduler(config), runner, clock)
+    return StepLoop(Scheduler(config), runner, clock).run(list(requests))
