@@ -78,6 +78,13 @@ class Forward:
     rows: tuple[Row, ...]
     seconds: float
 
+    @property
+    def prefill_share(self) -> float:
+        """The share of this forward's tokens that were prompt work (a decode row is one
+        token, a prefill row its new tokens): how its time splits between the two phases."""
+        prompt = sum(r.new for r in self.rows if r.prefill)
+        return prompt / (prompt + sum(not r.prefill for r in self.rows))
+
 
 @dataclass(frozen=True)
 class Iteration:

@@ -111,13 +111,9 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     steps = rows = 0
     for it in run.iterations:
         if inside(it.start_s):
-            for f in it.forwards:
-                # a forward's time is split in proportion to the tokens each phase put through
-                # it (a decode row is one token, a prefill row its new tokens)
-                prompt = sum(r.new for r in f.rows if r.prefill)
-                share = prompt / (prompt + sum(not r.prefill for r in f.rows))
-                prefill_s += share * f.seconds
-                decode_s += (1 - share) * f.seconds
+            for f in it.forwards:  # each forward's time split by its tokens' phases
+                prefill_s += f.prefill_share * f.seconds
+                decode_s += (1 - f.prefill_share) * f.seconds
             if it.decode_ids:
                 steps += 1
                 rows += it.decode_batch
