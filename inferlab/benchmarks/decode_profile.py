@@ -118,9 +118,13 @@ def main(argv=None) -> int:
     rest = max(0.0, wall - profiled)
     print("where the time goes (operators' own time; the rest of the wall time is Python and "
           "dispatch):")
-    for name, seconds in sorted({**groups, "Python and dispatch (wall - operators)": rest}.items(),
-                                key=lambda kv: -kv[1]):
+    if rest > 0:
+        groups = {**groups, "Python and dispatch (wall - operators)": rest}
+    for name, seconds in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {name:45s} {seconds * 1e3:7.2f} ms  {seconds / max(wall, profiled):6.1%}")
+    if rest == 0:
+        print("  (the operators' time under the profiler exceeds the step's: Python and dispatch "
+              "are within the profiler's own overhead)")
     print("linear layers by shape: ms a step, calls a step, GB/s of weights read")
     for key, (seconds, n) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
         weight = [s for s in key if len(s) == 2 and s[0] > 1 and s[1] > 1]
