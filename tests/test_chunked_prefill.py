@@ -7,7 +7,6 @@ against contiguous attention, the cost of a chunked step in both cost models, th
 chunked run's log.
 """
 
-from functools import lru_cache
 
 import pytest
 import torch
@@ -17,8 +16,6 @@ from hypothesis import strategies as st
 
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
-from inferlab.model.generate import generate
-from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
@@ -29,29 +26,11 @@ from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, chunk_pairs, simulate
 
+from conftest import alone, random_requests, tiny_model
 
-@lru_cache(maxsize=None)
+
 def model():  # float64, so that batching and chunking never flip a greedy choice
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=256)
-    return build_model(config, seed=0).to(torch.float64)
-
-
-@lru_cache(maxsize=None)
-def alone(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    return tuple(generate(model(), torch.tensor(prompt), n)[0, len(prompt):].tolist())
-
-
-def random_requests(data, max_prompt, max_new, n):
-    count = data.draw(st.integers(*n), label="requests")
-    t, out = 0.0, []
-    for i in range(count):
-        t += data.draw(st.sampled_from([0.0, 0.0, 0.001, 0.01]), label="gap")
-        length = data.draw(st.integers(1, max_prompt), label="prompt_len")
-        seed = data.draw(st.integers(0, 3), label="prompt_seed")
-        prompt = tuple(torch.randint(0, 512, (length,),
-                                     generator=torch.Generator().manual_seed(seed)).tolist())
-        out.append(Request(prompt, data.draw(st.integers(1, max_new), label="new"), t, f"r{i}"))
-    return out
+    return tiny_model(256)
 
 
 # -- the engine: chunked outputs equal unchunked ones, preemption included ----------------------
@@ -69,7 +48,7 @@ def test_chunked_outputs_equal_unchunked_and_generating_alone(data, block_size, 
     run = engine.run(requests)
     plain = Engine(model(), base).run(requests)
     event("preempted" if run.num_preemptions else "no preemption")
-    continued = any(c > 0 for it in run.iterations for _, _, c in it.chunks)
+    continued = any(c > 0 for it in run.iterations for _, _, c, _ in it.prefill_rows)
     event("a prompt spanned several steps" if continued else "no prompt was split")
     for request, chunked_result, plain_result in zip(requests, run.results, plain.results):
         assert chunked_result.ok, chunked_result.error
@@ -78,7 +57,7 @@ def test_chunked_outputs_equal_unchunked_and_generating_alone(data, block_size, 
         assert chunked_result.timing.n_tokens == request.max_new_tokens
     assert engine.cache.memory.num_free == num_blocks
     for it in run.iterations:
-        assert len(it.decode_ids) + sum(n for _, n, _ in it.chunks) <= budget
+        assert len(it.decode_ids) + sum(n for _, n, _, _ in it.prefill_rows) <= budget
 
 
 def test_a_long_prompt_is_split_and_its_first_token_comes_with_its_last_chunk():
@@ -87,11 +66,11 @@ def test_a_long_prompt_is_split_and_its_first_token_comes_with_its_last_chunk():
     long_ = Request(prompt, 3, 0.0005, "long")
     config = ServingConfig(block_size=8, max_batch=4, policy="chunked", token_budget=24)
     run = serve(model(), [short, long_], config)
-    chunks = [(n, c) for it in run.iterations for sid, n, c in it.chunks if sid == 1]
+    chunks = [(n, c) for it in run.iterations for sid, n, c, _ in it.prefill_rows if sid == 1]
     assert sum(n for n, _ in chunks) == len(prompt) and len(chunks) >= 5
     assert [c for _, c in chunks] == [sum(n for n, _ in chunks[:i]) for i in range(len(chunks))]
     # every step that carried a chunk of the long prompt also decoded the short request
-    steps = [it for it in run.iterations if any(sid == 1 for sid, _, _ in it.chunks)]
+    steps = [it for it in run.iterations if any(sid == 1 for sid, _, _, _ in it.prefill_rows)]
     assert all(0 in it.decode_ids for it in steps[1:])
     assert run.results[1].tokens == alone(prompt, 3)
     assert run.results[1].timing.token_times_s[0] >= steps[-1].start_s
@@ -104,7 +83,9 @@ class ChunkRunner:
     def __init__(self, sched: Scheduler, clock: VirtualClock):
         self.sched, self.clock = sched, clock
 
-    def forward(self, decodes, chunks):
+    def forward(self, rows):
+        d = next((i for i, (s, n) in enumerate(rows) if not s.is_decode_row(n)), len(rows))
+        decodes, chunks = [s for s, _ in rows[:d]], rows[d:]  # the loop puts decodes first
         sched = self.sched
         assert len(decodes) + sum(n for _, n in chunks) <= sched.token_budget
         decoding = [s for s in sched.running if not sched.is_prefilling(s) or s in decodes]
@@ -115,7 +96,7 @@ class ChunkRunner:
         assert len(held) == len(set(held)) and len(held) + sched.memory.num_free == \
             sched.memory.num_blocks
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s in decodes] + [len(s.output) + 1 for s, _ in chunks]
+        return [len(s.output) + 1 for s, _ in rows]
 
 
 @given(st.data(), st.sampled_from([1, 2, 4]), st.integers(1, 6))
@@ -223,7 +204,7 @@ def test_packed_attention_equals_contiguous_attention(rows):
         tables.append(table), keys.append(k), values.append(v)
         qs.append(torch.randn(1, H, new, D, dtype=torch.float64))
         starts.append(cached), tokens.append([0] * new)
-    _, _, meta = cache.prepare_ragged(tables, tokens, starts)
+    _, _, meta = cache.prepare(tables, tokens, starts)
     cache.bind(tables, meta)
     q = torch.cat(qs, dim=2)
     k_new = torch.cat([k[:, :, c:] for k, (c, _) in zip(keys, rows)], dim=2)
@@ -252,7 +233,7 @@ def test_a_packed_forward_refuses_positions_beyond_the_table():
     table = cache.new_table()
     table.append(3)
     with pytest.raises(ValueError, match="append to the table first"):
-        cache.prepare_ragged([table], [[1, 2]], [2])
+        cache.prepare([table], [[1, 2]], [2])
 
 
 # -- cost models and the simulator --------------------------------------------------------------
@@ -284,7 +265,7 @@ def test_fitted_chunked_costs_recover_known_coefficients_and_fit_a_chunked_log()
     config = ServingConfig(block_size=8, num_blocks=200, max_batch=4, policy="chunked",
                            token_budget=32)
     run = simulate(requests, truth, config)
-    assert any(it.chunks for it in run.iterations)
+    assert any(it.prefill_rows for it in run.iterations)
     refit = FittedCosts.from_iterations(run.iterations)
     again = simulate(requests, refit, config)
     assert again.summary().duration_s == pytest.approx(run.summary().duration_s, rel=1e-6)

@@ -1,7 +1,6 @@
 """The serving engine's entry point: tokens and timings per request; invalid requests refused."""
 
 import time
-from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -11,14 +10,12 @@ from inferlab.model.generate import generate
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
 from inferlab.serving.request import InvalidRequestError, Request, validate_request
-from inferlab.model.config import ModelConfig
-from inferlab.model.llama import build_model
+
+from conftest import tiny_model
 
 
-@lru_cache(maxsize=None)
 def model():
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=64)
-    return build_model(config, seed=0).to(torch.float64)
+    return tiny_model(64)
 
 
 def prompt(n, seed=0):

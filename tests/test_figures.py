@@ -3,7 +3,6 @@ half-cut markers, every marker style explained, log axes labelled with plain num
 timeline's time labels under every panel. ``figure_problems`` is the check; the first tests
 plant each fault and show that it catches it."""
 
-from types import SimpleNamespace
 
 import matplotlib
 
@@ -15,6 +14,7 @@ from inferlab.analysis.capacity import plot_capacity  # noqa: E402
 from inferlab.analysis.explore import plot_explorer  # noqa: E402
 from inferlab.analysis.figures import figure_problems, legend_outside, plain_log_ticks  # noqa: E402
 from inferlab.analysis.roofline import Roof, plot_roofline  # noqa: E402
+from inferlab.serving.loop import Forward, Iteration, Row  # noqa: E402
 from inferlab.sim.plots import plot_latency_throughput, plot_timeline  # noqa: E402
 
 
@@ -103,9 +103,10 @@ def test_explorer_plot_is_clean():
 
 
 def _iteration(start, prefills=(), decode=(), padding=(), preempted=(), decode_s=0.01):
-    return SimpleNamespace(start_s=start, prefills=tuple(prefills), decode_ids=tuple(decode),
-                           padding_ids=tuple(padding), preempted=tuple(preempted),
-                           decode_s=decode_s)
+    forwards = [Forward((Row(sid, n, 0, True),), s) for sid, n, s in prefills]
+    forwards.append(Forward(tuple(Row(sid, 1, 8, False) for sid in [*decode, *padding]),
+                            decode_s))
+    return Iteration(start, tuple(forwards), tuple(preempted), 0, tuple(padding))
 
 
 def test_timeline_explains_its_bar_styles_and_labels_every_panel():

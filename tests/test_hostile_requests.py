@@ -21,6 +21,8 @@ from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, R
                                       validate_request)
 from inferlab.serving.sampling import GREEDY_BELOW, sample, truncate
 
+from conftest import tiny_model
+
 CONFIG = ServingConfig(num_blocks=64, max_batch=8)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # an engine thread runs beside the test
@@ -32,10 +34,8 @@ def tiny():
     return build_model(ModelConfig.from_name("tiny"), seed=0)
 
 
-@lru_cache(maxsize=None)
 def model():  # float64 and small: batching, chunking and preemption never flip a choice
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
-    return build_model(config, seed=0).to(torch.float64)
+    return tiny_model(128)
 
 
 def prompt(n, seed=0):
@@ -83,7 +83,7 @@ def test_seeded_sampling_does_not_depend_on_chunking():
     alone = offline(tiny(), request).tokens
     chunked = serve(tiny(), [request], ServingConfig(num_blocks=64, max_batch=8,
                                                      policy="chunked", token_budget=16))
-    assert any(c > 0 for it in chunked.iterations for _, _, c in it.chunks)  # it was split
+    assert any(c > 0 for it in chunked.iterations for _, _, c, _ in it.prefill_rows)  # it was split
     assert chunked.results[0].tokens == alone
 
 
@@ -126,7 +126,7 @@ def test_serve_with_an_int8_kv_cache_equals_chapter_5s_int8_cache(config):
         assert result.tokens != alone_tokens(Request(request.prompt, 24))  # it did round
     assert engine.cache.memory.num_free == engine.num_blocks
     if config.chunked:  # prompts continued over cached, int8 blocks
-        assert any(c > 0 for it in run.iterations for _, _, c in it.chunks)
+        assert any(c > 0 for it in run.iterations for _, _, c, _ in it.prefill_rows)
 
 
 def test_an_int8_kv_pool_is_sized_by_its_own_bytes():
@@ -278,7 +278,7 @@ def test_seeded_tokens_are_those_of_the_request_served_alone(name):
     if "tight" in name:
         assert run.num_preemptions > 0  # the case it is meant to cover did happen
     if "chunked" in name:
-        assert any(c > 0 for it in run.iterations for _, _, c in it.chunks)
+        assert any(c > 0 for it in run.iterations for _, _, c, _ in it.prefill_rows)
 
 
 def test_seeded_tokens_are_the_same_online():
@@ -334,20 +334,25 @@ def inject(eng, stage, monkeypatch):
         eng.scheduler.add = for_marked(eng.scheduler.add)
     elif stage == "scheduling":  # the policy admitting it, halfway through a step
         eng.scheduler.admit = for_marked(eng.scheduler.admit)
-    elif stage == "prefill":
-        eng.server.runner.prefill = for_marked(eng.server.runner.prefill)
-    elif stage == "decode batch":
-        real = eng.server.runner.decode
-        eng.server.runner.decode = lambda rows: (
-            once(real)(rows) if any(is_marked(s) for s in rows) else real(rows))
-    elif stage == "chunked forward":
-        real = eng.server.runner.forward
-        eng.server.runner.forward = lambda decodes, chunks: (
-            once(real)(decodes, chunks)
-            if any(is_marked(s) for s in [*decodes, *(s for s, _ in chunks)])
-            else real(decodes, chunks))
+    elif stage in ("prefill", "decode batch", "chunked forward"):  # the runner's one forward
+        real = eng.loop.runner.forward
+
+        def kind(rows):  # which forward of a step these rows are
+            if eng.loop.chunked:
+                return "chunked forward"
+            decoding = all(s.is_decode_row(n) for s, n in rows)
+            return "decode batch" if decoding else "prefill"
+
+        def always(rows):  # every prefill of the marked request fails
+            fired.append(True)
+            raise RuntimeError(f"injected into {stage}")
+
+        failing = always if stage == "prefill" else once(real)
+        eng.loop.runner.forward = lambda rows: (
+            failing(rows) if kind(rows) == stage and any(is_marked(s) for s, _ in rows)
+            else real(rows))
     elif stage == "sampling":  # the model's logits turn NaN for the marked request's rows
-        real = eng.server.runner.model.forward
+        real = eng.loop.runner.model.forward
 
         def nan_for_marked(ids, positions, cache, **kw):
             out = real(ids, positions, cache, **kw)
@@ -355,9 +360,9 @@ def inject(eng, stage, monkeypatch):
             if rows and not fired:
                 fired.append(True)
                 out = out.clone()
-                out[rows if out.shape[0] > 1 else 0] = float("nan")
+                out[:, rows] = float("nan")  # (1, rows, V): one packed forward
             return out
-        eng.server.runner.model = _Wrapped(eng.server.runner.model, nan_for_marked)
+        eng.loop.runner.model = _Wrapped(eng.loop.runner.model, nan_for_marked)
     return fired
 
 

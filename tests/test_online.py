@@ -3,25 +3,22 @@ an abort frees its blocks; temperature sampling is seeded; shutdown drains."""
 
 import asyncio
 import threading
-from functools import lru_cache
 
 import pytest
 import torch
 
-from inferlab.model.config import ModelConfig
-from inferlab.model.llama import build_model
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
 from inferlab.serving.online import EngineClosedError, OnlineEngine
 from inferlab.serving.request import InvalidRequestError, Request
 
+from conftest import tiny_model
+
 CONFIG = ServingConfig(num_blocks=64, max_batch=8)
 
 
-@lru_cache(maxsize=None)
 def model():
-    config = ModelConfig.from_name("tiny").scaled(n_layers=2, max_seq_len=128)
-    return build_model(config, seed=0)
+    return tiny_model(128, dtype="float32")
 
 
 def requests(n, seed=0, max_new=12):
@@ -124,7 +121,7 @@ def test_a_crashed_loop_ends_every_stream_and_says_so():
 
     def boom(*args):
         raise RuntimeError("the device fell over")
-    eng.server.step = boom
+    eng.loop.step = boom
     stream = eng.submit(requests(1)[0])
     assert stream.result() == [] and stream.finished.reason == "error"
     eng._thread.join(5)
@@ -140,15 +137,16 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
     a = engine.submit(Request(first.prompt, 40))  # no EOS: it keeps decoding
     next(iter(a))  # a is running: from now on every step has a decode batch
     entered, go, holding = threading.Semaphore(0), threading.Semaphore(0), [True]
-    real_decode = engine.server.runner.decode
+    real_forward = engine.loop.runner.forward
 
     def held_decode(rows):
-        if holding[0]:
+        decoding = all(s.is_decode_row(n) for s, n in rows)
+        if holding[0] and decoding:  # the decode batch, not a prefill
             entered.release()
             assert go.acquire(timeout=10), "the test never let the decode batch go"
-        return real_decode(rows)
+        return real_forward(rows)
 
-    engine.server.runner.decode = held_decode
+    engine.loop.runner.forward = held_decode
     try:
         assert entered.acquire(timeout=10)  # a step is in a's decode batch
         b = engine.submit(second)           # admitted at the next step
@@ -161,4 +159,4 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
         holding[0] = False
         for _ in range(4):
             go.release()
-        engine.server.runner.decode = real_decode
+        engine.loop.runner.forward = real_forward

@@ -383,23 +383,23 @@ def test_model_decode_through_the_triton_path(tiny):
 
 
 def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
-    from inferlab.serving import paged_cache
+    from inferlab.serving import ragged
 
     copies = []
-    real = paged_cache.to_device
-    monkeypatch.setattr(paged_cache, "to_device", lambda *a: copies.append(1) or real(*a))
+    real = ragged.to_device
+    monkeypatch.setattr(ragged, "to_device", lambda *a: copies.append(1) or real(*a))
     tables = _scatter_tables([5, 17, 1], block_size=4, num_blocks=12, seed=3)
-    ids, pos, meta = paged_cache.prepare(tables, [[7], [8], [9]], 4, n_kv_heads=2, head_dim=8,
-                                         device=torch.device("cpu"))
+    ids, pos, meta = ragged.prepare(tables, [[7], [8], [9]], [4, 16, 0], 4, n_kv_heads=2,
+                                    head_dim=8, device=torch.device("cpu"))
     assert len(copies) == 1
-    assert ids.tolist() == [[7], [8], [9]] and pos.tolist() == [[4], [16], [0]]
+    assert ids.tolist() == [[7, 8, 9]] and pos.tolist() == [[4, 16, 0]]  # packed in one row
     slots = meta.slot_blocks * 4 + meta.slot_offsets
     assert slots.tolist() == [int(t.slot_mapping(torch.tensor(n - 1)))
                               for t, n in zip(tables, [5, 17, 1])]
-    assert meta.context_lens == (5, 17, 1) and meta.block_tables.shape == (3, 5)
-    assert meta.mask.shape == (3, 1, 1, 20) and meta.mask.sum().item() == 5 + 17 + 1
-    with pytest.raises(ValueError, match="append"):
-        paged_cache.prepare(tables, [[1, 2]] * 3, 4, 2, 8, torch.device("cpu"))  # row 2 holds 1
+    assert meta.decode_context.tolist() == [5, 17, 1] and meta.decode_tables.shape == (3, 5)
+    assert meta.decode_mask.shape == (3, 1, 20) and meta.decode_mask.sum().item() == 5 + 17 + 1
+    with pytest.raises(ValueError, match="append"):  # row 2 holds 1 token, not 2
+        ragged.prepare(tables, [[1, 2]] * 3, [3, 15, -1], 4, 2, 8, torch.device("cpu"))
 
 
 def test_the_fused_kernel_is_chosen_only_on_a_gpu(tiny):

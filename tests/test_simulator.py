@@ -90,7 +90,7 @@ def test_the_simulator_makes_the_engine_s_decisions():
     run = engine.run(requests)
     assert run.num_preemptions > 0
     sim = simulate(requests, Flat(), serving(12, 4, 4))
-    shape = lambda its: [([p[0] for p in it.prefills], it.decode_ids, it.preempted) for it in its]  # noqa: E731
+    shape = lambda its: [([r.seq_id for r in it.prefill_rows], it.decode_ids, it.preempted) for it in its]  # noqa: E731
     assert shape(sim.iterations) == shape(run.iterations)
     assert sim.num_preemptions == run.num_preemptions
     fit = FittedCosts.from_iterations(run.iterations)

@@ -176,7 +176,7 @@ def test_a_chunked_run_splits_its_forwards_between_prefill_and_decode():
     end = max(r.arrival_s for r in requests)
     busy = sum(it.end_s - it.start_s for it in simulate(requests, case.costs(), config).iterations
                if 0.2 * end <= it.start_s < 0.9 * end)
-    assert any(it.chunks for it in simulate(requests, case.costs(), config).iterations)
+    assert any(it.prefill_rows for it in simulate(requests, case.costs(), config).iterations)
     assert chunked.prefill_s > 0 and chunked.decode_s > 0
     assert chunked.prefill_s + chunked.decode_s == pytest.approx(busy, rel=1e-9)
     # the input tokens' price is the prefill's in both designs (up to the chunks' re-reads and

@@ -60,7 +60,7 @@ def interference(run: Run, is_long: Callable[[object], bool] | None = None) -> I
     timings = [r.timing for r in run.results if r.ok]
     tpots = [t.tpot for t in timings]
     longs = [r.timing.ttft for r in run.results if r.ok and is_long(r.request_id)]
-    steps = sum(len(it.prefills) + bool(it.decode_ids or it.chunks) for it in run.iterations)
+    steps = sum(len(it.forwards) for it in run.iterations)
     config = run.config
     return Interference(
         label(config), config.token_budget, run.summary().throughput,

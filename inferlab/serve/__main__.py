@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 from inferlab.serve.tenants import Tenants
-from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 
 DEFAULT_MODEL = "course-target"
@@ -34,15 +33,15 @@ def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch:
     """Load ``model`` and its tokenizer and return the app (``create_app``) over an engine."""
     from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
     from inferlab.serve.app import create_app
+    from inferlab.serving.engine import pool_blocks_for
     from inferlab.serving.online import OnlineEngine
 
     path = checkpoint_path(model)
     net = load_checkpoint(path, device=device)
     tokenizer = load_tokenizer(path, net)
-    if num_blocks is None:  # room for a full batch of full-context sequences
-        num_blocks = max_batch * blocks_for(net.config.max_seq_len, BLOCK_SIZE)
-    config = ServingConfig(num_blocks=num_blocks, max_batch=max_batch, token_budget=token_budget,
-                           policy="chunked" if token_budget else "continuous")
+    config = ServingConfig(num_blocks=num_blocks, max_batch=max_batch, token_budget=token_budget)
+    if num_blocks is None:  # the engine's rule, for a full batch of full-context sequences
+        config = config.replace(num_blocks=pool_blocks_for(net, net.config.max_seq_len, config))
     engine = OnlineEngine(net, config, prefix_cache=prefix_cache)
     return create_app(engine, tokenizer, served_name or str(model), max_waiting, tenants,
                       stats_interval_s=stats_interval_s)

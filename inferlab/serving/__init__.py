@@ -7,10 +7,12 @@ admits through), ``reservation`` (the contiguous reservations paging replaced, w
 interface), ``scheduler`` (who prefills, decodes or is preempted each step), ``paged_cache``
 (the K/V pool and each forward's attention metadata; ``paged_int8``, the same pool in int8
 codes with scales), ``paged_attention`` (attention read in place on any device;
-``paged_triton``, the fused GPU kernel), ``ragged`` (decodes and prefill chunks packed into one
-forward pass, for chunked prefill), ``sampling`` (the next token from the logits: greedy, or a
-seeded draw at a temperature), ``runner`` (one step on the model), ``loop`` (the loop every run
-goes through, one ``Server`` a step at a time, and the ``Run`` it returns), ``engine``
+``paged_triton``, the fused GPU kernel), ``ragged`` (rows of any length packed into one forward
+pass: the metadata every engine forward is built with), ``sampling`` (the next token from the
+logits: greedy, or a seeded draw at a temperature), ``runner`` (the engine's one forward:
+``forward(rows)``, rows of a sequence and its new tokens), ``loop`` (the loop every run goes
+through, one ``StepLoop`` a step at a time, the ``Iteration`` log of forward passes, and the
+``Run`` it returns), ``engine``
 (``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput, the largest gap
 between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start, and the memory
 manager that admits through it), ``online`` (the engine stepped by a background loop while

@@ -39,6 +39,7 @@ from collections import deque
 
 import torch
 
+from inferlab.serving.interfaces import MemoryManager
 from inferlab.validation import positive_ints
 
 
@@ -63,10 +64,15 @@ class BlockAllocator:
     its last owner frees it.
     """
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, order: list[int] | None = None):
+        """``order``: the free list's first order (default 0, 1, ...): a benchmark passes a
+        shuffled one to scatter its sequences' blocks."""
         positive_ints(num_blocks=num_blocks)
+        order = list(range(num_blocks)) if order is None else list(order)
+        if sorted(order) != list(range(num_blocks)):
+            raise ValueError(f"order must list each of the {num_blocks} blocks once")
         self._refcounts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))  # FIFO: reuse the longest-freed block
+        self._free: deque[int] = deque(order)  # FIFO: reuse the longest-freed block
         # Copy-on-write copies (source, destination) not yet done; PagedKVCache.bind runs them.
         self.pending_copies: list[tuple[int, int]] = []
 
@@ -140,13 +146,13 @@ class BlockTable:
     def _needs_copy(self, n_new: int) -> bool:
         """Whether appending would write into a shared, partly filled last block."""
         return (n_new > 0 and self.num_tokens % self.block_size != 0
-                and self.allocator._refcounts[self.blocks[-1]] > 1)
+                and self.allocator.refcount(self.blocks[-1]) > 1)
 
     def _fits_in_place(self, n_new: int) -> bool:
         """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
         return (self.num_tokens % self.block_size != 0
                 and self.num_tokens + n_new <= len(self.blocks) * self.block_size
-                and self.allocator._refcounts[self.blocks[-1]] == 1)
+                and self.allocator.refcount(self.blocks[-1]) == 1)
 
     def blocks_needed(self, n_new: int) -> int:
         """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
@@ -224,7 +230,7 @@ class BlockTable:
         return f"BlockTable(tokens={self.num_tokens}, blocks={self.blocks})"
 
 
-class BlockManager:
+class BlockManager(MemoryManager):
     """Paged KV memory as the scheduler sees it: ``num_blocks`` blocks of ``block_size`` tokens.
 
     A sequence is admitted when the blocks for the tokens it brings are free and, after taking

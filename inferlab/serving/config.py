@@ -10,9 +10,9 @@ the scheduler both read the block size from it, so they cannot disagree about it
 ``token_budget`` switches the engine to chunked prefill (Sarathi-Serve, Agrawal et al. 2024;
 vLLM calls the budget ``max_num_batched_tokens``): every step is then ONE forward pass of at
 most that many tokens, filled first by the running decodes (one token each) and then by prefill
-chunks, oldest request first, so that a prompt may span several steps. It goes with
-``policy="chunked"`` (``inferlab.serving.scheduler.chunked_policy``) or a policy function of
-one's own. Without it, a step prefills each admitted prompt whole, in a forward pass of its
+chunks, oldest request first, so that a prompt may span several steps. A budget alone
+selects ``policy="chunked"`` (``inferlab.serving.scheduler.chunked_policy``); a policy function
+of one's own may use it too. Without it, a step prefills each admitted prompt whole, in a forward pass of its
 own, before the decode batch (the engine of Chapter 4).
 
 ``kv_cache_dtype="int8"`` stores K and V as int8 codes with a float32 scale per token and head
@@ -43,12 +43,16 @@ class ServingConfig:
     num_blocks: int | None = None         # blocks in the pool; None: serve() sizes it
     max_batch: int = 32                   # sequences running at once (vLLM's max_num_seqs)
     max_prefill_tokens: int | None = None  # prompt tokens one step may prefill; None: no limit
-    policy: str | Callable = "continuous"  # "continuous", "static", or policy(scheduler, now)
+    policy: str | Callable | None = None  # "continuous", "static", "chunked", "dynamic", or
+    # policy(scheduler, now); None: "chunked" with a token_budget, else "continuous"
     watermark: float = 0.0                # share of the blocks an admission must leave free
     token_budget: int | None = None       # chunked prefill: tokens one step's forward may run
     kv_cache_dtype: str | None = None     # "int8": K/V as int8 codes + scales; None: the model's
 
     def __post_init__(self) -> None:
+        if self.policy is None:  # a token budget alone means chunked prefill
+            object.__setattr__(self, "policy", "continuous" if self.token_budget is None
+                               else "chunked")
         positive_ints("ServingConfig.", block_size=self.block_size, max_batch=self.max_batch)
         if self.num_blocks is not None:
             positive_ints("ServingConfig.", num_blocks=self.num_blocks)

@@ -6,9 +6,12 @@ Underneath, three parts with one job each, all reading one ``ServingConfig``:
   decodes and who is preempted, and is the only code that changes a sequence's state;
 - the ``ModelRunner`` (``inferlab.serving.runner``) runs those decisions on the model over the
   paged KV cache (``inferlab.serving.paged_cache``) and samples greedily;
-- ``drive`` (``inferlab.serving.loop``) is the loop between them; the discrete-event simulator
-  (``inferlab.sim.simulator``) runs the same loop with modelled step times and returns a
-  ``Run`` of the same shape.
+- the ``StepLoop`` (``inferlab.serving.loop``) is the loop between them; the discrete-event
+  simulator (``inferlab.sim.simulator``) runs the same loop with modelled step times and
+  returns a ``Run`` of the same shape.
+
+A run goes through three layers: ``serve`` (the front door), ``Engine.run`` (the model, its pool
+and a scheduler) and ``StepLoop.run`` (the steps).
 
 Invalid requests (an empty prompt, token ids that are not integers in the vocabulary, a prompt
 longer than the model's context, max_new_tokens that is not a positive integer, a temperature
@@ -28,7 +31,7 @@ from typing import Iterable
 from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Run, WallClock, run_loop
+from inferlab.serving.loop import Run, StepLoop, WallClock
 from inferlab.serving import paged_cache
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
@@ -65,10 +68,18 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
                 memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
     """Blocks for ``max_batch`` copies of the longest request that can run, so that no
     preemption is needed, but at most what ``memory_fraction`` of the device's free memory
-    holds (requests that need more than that are then refused)."""
+    holds (requests that need more than that are then refused): ``pool_blocks_for``."""
     refused = refusals(requests, model.config)
     longest = max((longest_tokens(len(r.prompt), r.max_new_tokens)
                    for i, r in enumerate(requests) if i not in refused), default=1)
+    return pool_blocks_for(model, longest, config, memory_fraction)
+
+
+def pool_blocks_for(model, longest: int, config: ServingConfig,
+                    memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
+    """The engine's one sizing rule: ``config.max_batch`` sequences of ``longest`` tokens, at
+    most what ``memory_fraction`` of the device's free memory holds. A server that cannot know
+    its requests passes the model's context length."""
     wanted = config.max_batch * blocks_for(longest, config.block_size)
     affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
         block_bytes(model, config.block_size, config)
@@ -97,8 +108,8 @@ class Engine:
         requests = list(requests)
         refused = refusals(requests, self.model.config, self.num_blocks, self.config.block_size)
         scheduler = Scheduler(self.config, self.cache.memory)
-        run = run_loop(requests, scheduler, ModelRunner(self.model, self.cache), WallClock(),
-                       refused)
+        run = StepLoop(scheduler, ModelRunner(self.model, self.cache), WallClock()).run(
+            requests, refused)
         leaked = self.num_blocks - self.cache.memory.num_free
         if leaked:
             raise RuntimeError(f"{leaked} KV blocks are still allocated after every request "

@@ -1,24 +1,29 @@
 """The serving loop: requests in as they arrive, a scheduler's steps run, tokens stamped, a Run out.
 
-``Server`` is the one loop every run goes through, a step at a time: the engine with the model
+``StepLoop`` is the one loop every run goes through, a step at a time: the engine with the model
 (``inferlab.serving.engine``), the discrete-event simulator with modelled step times
 (``inferlab.sim.simulator``), Chapter 3's memory experiment (``inferlab.sim.memory_sim``) and
 the simulated clusters of Chapter 7 (``inferlab.sim.disaggregation``, which steps several
-servers on one timeline). ``drive`` runs one server until every request is done.
+servers on one timeline). ``StepLoop.run`` serves a list of requests to the end and returns
+their ``Run``; ``drive`` does the same for the labs' checks and returns the token stamps.
 
 Each step the server lets in the requests whose time has come, asks the scheduler for a
 ``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
-back to the scheduler. Without a token budget a step is Chapter 4's: each prefill is a forward
-pass of its own (``runner.prefill(seq) -> token``), then one decode pass over the batch
-(``runner.decode(seqs) -> tokens``). With one (chunked prefill), the whole step is ONE forward
-pass over a ragged batch of decode rows and prefill chunks (``runner.forward(decodes, chunks)
--> tokens``, chunks as ``(seq, new tokens)``); a chunk that leaves part of its prompt for later
+back to the scheduler. A runner has one method, ``forward(rows) -> tokens``: one forward pass
+over rows ``(sequence, new tokens)``, a token per row. Without a token budget a step is
+Chapter 4's: a forward per prefill (one row, the whole prompt), then one over the decode batch
+(a row of one token per sequence). With one (chunked prefill), the whole step is ONE forward
+over the decode rows and the prefill chunks; a chunk that leaves part of its prompt for later
 produces no token. When nothing can run, the server skips its clock to the next arrival instead
 of sleeping (the stamps are those a real-time server would have made, but an idle trace costs
 no waiting).
 
 A static batch's finished members that the policy holds (``Scheduler.padding``) ride along in
 the decode batch: the runner computes their rows and the loop drops what they produce.
+
+Every step is logged as an ``Iteration`` of the same shape whatever the policy: its forward
+passes, each with its rows (sequence, new tokens, cached tokens, prompt work or a decode) and
+its seconds.
 
 What a run returns is a ``Run``: one ``Result`` per request in the order given (its tokens and
 timings, or the error that refused it), the ``Iteration`` log, the preemptions and a
@@ -31,9 +36,10 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Clock, Runner
 from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, Step
@@ -56,32 +62,73 @@ class Result:
         return self.error is None
 
 
+class Row(NamedTuple):
+    """One row of a forward pass: a sequence and the tokens it ran."""
+
+    seq_id: int
+    new: int        # tokens run through the model this forward
+    cached: int     # tokens before them whose K/V the cache already held
+    prefill: bool   # prompt work (a whole prompt, a chunk, a recompute); False: one decode
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward pass as it ran: its rows and how long it took."""
+
+    rows: tuple[Row, ...]
+    seconds: float
+
+    @property
+    def prefill_share(self) -> float:
+        """The share of this forward's tokens that were prompt work (a decode row is one
+        token, a prefill row its new tokens): how its time splits between the two phases."""
+        prompt = sum(r.new for r in self.rows if r.prefill)
+        return prompt / (prompt + sum(not r.prefill for r in self.rows))
+
+
 @dataclass(frozen=True)
 class Iteration:
-    """One step of the loop as it ran: its prefills, its decode batch and how long each took.
+    """One step of the loop as it ran: its forward passes, in order, and what the step changed.
 
-    In a chunked step (a token budget) there is one forward pass: ``decode_s`` times it, and
-    ``chunks`` lists the prefill work it did besides the decodes.
+    Every policy logs the same shape. Without a token budget a step is a forward per prefill
+    (one row each, a whole prompt), then one forward for the decode batch; with one, the whole
+    step is one forward whose rows are the decodes and the prefill chunks. ``padding_ids`` are
+    the decode rows of finished sequences a static batch keeps (computed, their tokens dropped).
     """
 
     start_s: float
-    prefills: tuple[tuple[int, int, float], ...]  # (seq_id, tokens, seconds), one forward each
-    decode_ids: tuple[int, ...]
-    padding_ids: tuple[int, ...]                  # finished rows riding along (static batching)
-    decode_context: int                           # K/V tokens the decode batch attends over
-    decode_s: float
+    forwards: tuple[Forward, ...]
     preempted: tuple[int, ...]
     free_blocks: int                              # after the step's allocations
-    chunks: tuple[tuple[int, int, int], ...] = ()  # (seq_id, new tokens, tokens already cached)
+    padding_ids: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for f in self.forwards for row in f.rows]
+
+    @property
+    def prefill_rows(self) -> list[Row]:
+        """The rows that did prompt work (whole prompts or chunks)."""
+        return [row for row in self.rows if row.prefill]
+
+    @property
+    def decode_ids(self) -> tuple[int, ...]:
+        """Sequences that decoded a token this step (padding rows not included)."""
+        pad = set(self.padding_ids)
+        return tuple(r.seq_id for r in self.rows if not r.prefill and r.seq_id not in pad)
 
     @property
     def decode_batch(self) -> int:
-        """Rows in the decode forward, padding included."""
-        return len(self.decode_ids) + len(self.padding_ids)
+        """Decode rows, padding included."""
+        return sum(not r.prefill for r in self.rows)
+
+    @property
+    def busy_s(self) -> float:
+        return sum(f.seconds for f in self.forwards)
 
     @property
     def end_s(self) -> float:
-        return self.start_s + sum(s for _, _, s in self.prefills) + self.decode_s
+        return self.start_s + self.busy_s
 
 
 @dataclass
@@ -103,7 +150,7 @@ class Run:
         return summarize([r.timing for r in self.results if r.ok], slo)
 
 
-class WallClock:
+class WallClock(Clock):
     """Seconds since the run started, measured, except that idle gaps can be skipped."""
 
     def __init__(self):
@@ -118,7 +165,7 @@ class WallClock:
         self._skipped += max(0.0, t - self.now())
 
 
-class VirtualClock:
+class VirtualClock(Clock):
     """Simulated seconds: advanced by modelled step times, never by the wall clock."""
 
     def __init__(self):
@@ -134,8 +181,9 @@ class VirtualClock:
         self.t += seconds
 
 
-class Server:
-    """One engine's loop over a scheduler, a runner and a clock, a step at a time.
+class StepLoop:
+    """One engine's loop over a scheduler, a runner and a clock, a step at a time (vLLM calls
+    it the engine core's step; it is not an HTTP server).
 
     ``submit`` hands it a sequence that reaches it at a given time; ``step`` runs one iteration
     (or skips the clock to the next arrival) and returns the sequences that finished; ``stamps``
@@ -157,7 +205,7 @@ class Server:
     experiment.
     """
 
-    def __init__(self, scheduler: Scheduler, runner, clock,
+    def __init__(self, scheduler: Scheduler, runner: Runner, clock: Clock,
                  on_iteration: Callable[[Iteration], None] | None = None,
                  on_prefill: Callable[[Sequence, int], None] | None = None,
                  isolate: bool = False):
@@ -174,6 +222,25 @@ class Server:
         waiting queue at the first step that begins at or after that time."""
         heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
         self.stamps.setdefault(seq.seq_id, [])
+
+    def submit_all(self, requests: dict[int, Request]) -> None:
+        """Submit every request (key i becomes sequence i), in arrival order."""
+        for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
+            self.submit(Sequence.of(i, requests[i]))
+
+    def run(self, requests: list[Request], refused: dict[int, str] | None = None) -> Run:
+        """Serve ``requests`` except the ``refused`` ones (index: why) to the end: their
+        ``Run``, with this loop's iteration log."""
+        refused = refused or {}
+        iterations: list[Iteration] = []
+        if self.on_iteration is None:
+            self.on_iteration = iterations.append
+        self.submit_all({i: r for i, r in enumerate(requests) if i not in refused})
+        while not self.done:
+            self.step()
+        sched = self.scheduler
+        return Run(collect_results(requests, refused, sched, self.stamps), iterations,
+                   sched.num_preemptions, sched.config)
 
     def withdraw(self, seq: Sequence) -> None:
         """Take ``seq`` out wherever it is (not arrived yet, waiting or running); a running
@@ -207,18 +274,9 @@ class Server:
         ``failures``; a sequence already finished or taken out is left alone."""
         why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
         for seq in dict.fromkeys(seqs):  # once each, in order
-            if seq.status is Status.FINISHED:
-                continue
-            try:
+            if seq.status is not Status.FINISHED:
                 self.scheduler.abort(seq)
-            except Exception:  # a half-changed sequence: take it out by hand
-                _remove(self.scheduler.waiting, seq)
-                if _remove(self.scheduler.running, seq) and seq.held:
-                    self.scheduler._num_held -= 1
-                if seq.table is not None:
-                    seq.table.free()
-                seq.table, seq.held, seq.status = None, False, Status.FINISHED
-            self.failures.append((seq, why))
+                self.failures.append((seq, why))
 
     def step(self) -> list[Sequence]:
         """Let in the arrivals, run one scheduled step; return the sequences that finished."""
@@ -250,7 +308,7 @@ class Server:
                                    "wait for")
             self.clock.skip_to(min(wake))
             return []
-        tokens = self._run_chunked(step, now) if self.chunked else self._run(step, now)
+        tokens = self._run(step, now)
         try:
             return self.scheduler.update(step, tokens)
         except Exception as error:
@@ -270,90 +328,58 @@ class Server:
             step.chunks.pop(seq, None)
         self.fail(seqs, stage, error)
 
+    def _forwards(self, step: Step) -> list[list[tuple[Sequence, int]]]:
+        """The step's forward passes, as rows ``(sequence, new tokens)``: with a token budget,
+        one pass of the decodes and the prefill chunks; without, a pass per prefill (its whole
+        prompt), then one of the decodes and any padding rows."""
+        decodes = [(s, 1) for s in step.decodes]
+        if self.chunked:
+            return [decodes + [(s, step.new_tokens(s)) for s in step.prefills]]
+        padding = [(s, 1) for s in self.scheduler.padding] if decodes else []
+        return [[(s, s.num_uncomputed)] for s in step.prefills] + \
+            ([decodes + padding] if decodes else [])
+
     def _run(self, step: Step, now: float) -> list[int]:
-        """Chapter 4's step: each prefill a forward pass of its own, then the decode batch."""
-        tokens, prefills = [], []
-        for seq in list(step.prefills):
+        """Run the step's forward passes; return a token per scheduled sequence (its order)."""
+        tokens: dict[int, int] = {}
+        forwards = []
+        padding = set(map(id, self.scheduler.padding)) if step.decodes else set()
+        prefills = set(map(id, step.prefills))
+        for rows in self._forwards(step):
+            logged = tuple(Row(s.seq_id, n, s.row_start(n), id(s) in prefills) for s, n in rows)
             t0 = self.clock.now()
             try:
-                tokens.append(self.runner.prefill(seq))
-            except Exception as error:
-                self._drop(step, [seq], "running its prefill", error)
+                out = self.runner.forward(rows)
+            except Exception as error:  # a prefill alone is blamed; a shared pass, every row
+                self._drop(step, [s for s, _ in rows if id(s) not in padding],
+                           "running a forward pass", error)
                 continue
             t1 = self.clock.now()
-            self.stamps[seq.seq_id].append(t1)
-            prefills.append((seq.seq_id, seq.num_tokens, t1 - t0))
-            if self.on_prefill is not None:
-                self.on_prefill(seq, int(tokens[-1]))
-        padding = self.scheduler.padding
-        rows = step.decodes + padding
-        decode_s, context = 0.0, sum(s.table.num_tokens for s in rows)
-        if step.decodes:
-            t0 = self.clock.now()
-            try:
-                tokens.extend(self.runner.decode(rows)[:len(step.decodes)])  # padding dropped
-            except Exception as error:  # one forward for the batch: every row is blamed
-                self._drop(step, list(step.decodes), "running a decode batch", error)
-            t1 = self.clock.now()
-            decode_s = t1 - t0
-            for seq in step.decodes:
+            forwards.append(Forward(logged, t1 - t0))
+            for (seq, n), token in zip(rows, out):
+                if id(seq) in padding or not step.samples(seq):
+                    continue  # padding, or a chunk that leaves part of its prompt
+                tokens[id(seq)] = int(token)
                 self.stamps[seq.seq_id].append(t1)
+                if self.on_prefill is not None and not self.chunked and id(seq) in prefills:
+                    self.on_prefill(seq, int(token))
         if self.on_iteration is not None:
             self.on_iteration(Iteration(
-                now, tuple(prefills), tuple(s.seq_id for s in step.decodes),
-                tuple(s.seq_id for s in padding), context, decode_s,
-                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free))
-        return tokens
-
-    def _run_chunked(self, step: Step, now: float) -> list[int]:
-        """A chunked step: decode rows and prefill chunks in one forward pass."""
-        if self.scheduler.padding:
-            raise RuntimeError("a chunked step cannot carry padding rows (static batching)")
-        chunks = [(s, step.new_tokens(s)) for s in step.prefills]
-        context = sum(s.table.num_tokens for s in step.decodes)
-        cached = [s.num_computed for s, _ in chunks]
-        t0 = self.clock.now()
-        try:
-            out = self.runner.forward(step.decodes, chunks)
-        except Exception as error:  # one forward for the step: every row is blamed
-            self._drop(step, step.scheduled, "running a chunked step", error)
-            out = []
-        t1 = self.clock.now()
-        for seq in step.scheduled:
-            if step.samples(seq):
-                self.stamps[seq.seq_id].append(t1)
-        if self.on_iteration is not None:
-            self.on_iteration(Iteration(
-                now, (), tuple(s.seq_id for s in step.decodes), (), context, t1 - t0,
-                tuple(s.seq_id for s in step.preempted), self.scheduler.memory.num_free,
-                tuple((s.seq_id, n, c) for (s, n), c in zip(chunks, cached))))
-        d = len(step.decodes)
-        return [*out[d:], *out[:d]]  # the order of step.scheduled: prefills, then decodes
+                now, tuple(forwards), tuple(s.seq_id for s in step.preempted),
+                self.scheduler.memory.num_free,
+                tuple(s.seq_id for s in self.scheduler.padding if step.decodes)))
+        return [tokens.get(id(s), 0) for s in step.scheduled]
 
 
-def _remove(queue: list[Sequence], seq: Sequence) -> bool:
-    """Remove ``seq`` (by identity) from ``queue``; whether it was there."""
-    for i, other in enumerate(queue):
-        if other is seq:
-            del queue[i]
-            return True
-    return False
-
-
-def drive(requests: dict[int, Request], scheduler: Scheduler, runner, clock,
+def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, clock: Clock,
           on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
-    """Serve ``requests`` (key i becomes sequence i) on one ``Server``; return the token stamps.
-
-    ``runner`` has ``prefill(seq) -> token`` and ``decode(seqs) -> tokens`` (and, for a token
-    budget, ``forward(decodes, chunks) -> tokens``); ``clock`` has ``now()`` and ``skip_to(t)``. The
-    sequences end in ``scheduler.finished``.
-    """
-    server = Server(scheduler, runner, clock, on_iteration)
-    for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
-        server.submit(Sequence.of(i, requests[i]))
-    while not server.done:
-        server.step()
-    return server.stamps
+    """Serve ``requests`` (key i becomes sequence i) on one ``StepLoop``; return the token
+    stamps. The sequences end in ``scheduler.finished``."""
+    loop = StepLoop(scheduler, runner, clock, on_iteration)
+    loop.submit_all(requests)
+    while not loop.done:
+        loop.step()
+    return loop.stamps
 
 
 def collect_results(requests: list[Request], refused: dict[int, str], scheduler: Scheduler,
@@ -371,14 +397,3 @@ def collect_results(requests: list[Request], refused: dict[int, str], scheduler:
                               RequestTiming(r.arrival_s, tuple(stamps[i])), seq.num_preemptions,
                               finish_reason=seq.finish_reason))
     return results
-
-
-def run_loop(requests: list[Request], scheduler: Scheduler, runner, clock,
-             refused: dict[int, str] | None = None) -> Run:
-    """``drive`` the requests not ``refused`` and collect a ``Run``."""
-    refused = refused or {}
-    iterations: list[Iteration] = []
-    valid = {i: r for i, r in enumerate(requests) if i not in refused}
-    stamps = drive(valid, scheduler, runner, clock, iterations.append)
-    return Run(collect_results(requests, refused, scheduler, stamps), iterations,
-               scheduler.num_preemptions, scheduler.config)

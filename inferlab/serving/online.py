@@ -2,7 +2,7 @@
 
 ``serve`` (``inferlab.serving.engine``) knows every request before it starts. A server does
 not: a client may send a request at any moment, read its tokens one at a time as they are
-produced, and hang up halfway. ``OnlineEngine`` runs the same ``Server`` loop
+produced, and hang up halfway. ``OnlineEngine`` runs the same ``StepLoop`` loop
 (``inferlab.serving.loop``) on a background thread, so the scheduler, the runner and the
 paged cache are exactly the offline engine's:
 
@@ -10,21 +10,21 @@ paged cache are exactly the offline engine's:
   the loop lets the request in before its next step, stamped with the time it arrived.
 - After every step the loop pushes each sequence's new tokens into its ``Stream``, and a last
   ``Finished`` event (the finish reason and the engine's own ``RequestTiming``) when it is done.
-  A prefill's token goes out sooner, as soon as its own forward pass ends (``Server``'s
+  A prefill's token goes out sooner, as soon as its own forward pass ends (``StepLoop``'s
   ``on_prefill``), rather than after the step's decode batch: a newcomer's TTFT does not wait
   for everyone else's next token.
   A ``Stream`` is read by blocking iteration (``for token in stream``) or, from asyncio, by
   ``async for`` once made with ``loop=`` (the tokens then cross threads with
   ``call_soon_threadsafe``: the engine never waits for a slow reader).
 - ``abort(stream)`` (the client went away, or a stop string matched) takes the sequence out at
-  the next step boundary through ``Server.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
+  the next step boundary through ``StepLoop.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
 - ``prefix_cache=True`` admits through ``PrefixCachingBlockManager``: a prompt that starts with
   blocks cached earlier (under the same ``cache_salt``) skips their prefill.
 - Nothing a request carries can stop the loop: ``submit`` refuses a request the engine cannot
   serve (``validate_request``, ``InvalidRequestError``) before it reaches the loop's thread,
   and an exception while admitting, scheduling or running one ends that request (or, where it
   cannot be pinned on one, the step's requests) with a ``Finished("error", ...)`` that says
-  what failed; their blocks are freed and the loop serves the rest (``Server(isolate=True)``).
+  what failed; their blocks are freed and the loop serves the rest (``StepLoop(isolate=True)``).
 - ``shutdown(drain=True)`` refuses new requests, lets those in flight finish, and stops the
   thread.
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Server, WallClock
+from inferlab.serving.loop import StepLoop, WallClock
 from inferlab.serving.metrics import RequestTiming
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.prefix_cache import PrefixCachingBlockManager
@@ -137,7 +137,7 @@ class OnlineEngine:
             model, config, memory_class=PrefixCachingBlockManager if prefix_cache else BlockManager)
         self.scheduler = Scheduler(config, self.cache.memory)
         self.clock = WallClock()
-        self.server = Server(self.scheduler, ModelRunner(model, self.cache), self.clock,
+        self.loop = StepLoop(self.scheduler, ModelRunner(model, self.cache), self.clock,
                              on_prefill=self._first_token, isolate=True)
         self.num_steps = 0
         self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
@@ -199,7 +199,7 @@ class OnlineEngine:
     @property
     def blocks_cached(self) -> int:
         """Blocks that only the prefix cache holds (0 without prefix caching)."""
-        return getattr(self.cache.memory, "num_cached_only", 0)
+        return self.cache.memory.num_cached_only
 
     @property
     def blocks_in_use(self) -> int:
@@ -236,7 +236,7 @@ class OnlineEngine:
     # -- the loop, on its own thread -------------------------------------------------------
     def _run(self) -> None:
         """Step until stopped. A failure inside a step ends the requests it is blamed on and the
-        loop goes on (``Server(isolate=True)``); so does a failure to admit one request. Only an
+        loop goes on (``StepLoop(isolate=True)``); so does a failure to admit one request. Only an
         error in the loop's own bookkeeping stops it: then every stream it holds, and those
         still in the inbox, end with an error (none hangs), and ``alive`` turns False, so that a
         server's /health answers 503 and it gets restarted."""
@@ -254,8 +254,8 @@ class OnlineEngine:
                     self._admit(inbox.pop(0))
                 for stream in aborts:
                     self._abort(stream)
-                if not self.server.done:
-                    self.server.step()
+                if not self.loop.done:
+                    self.loop.step()
                     self.num_steps += 1
                 self._deliver()
         except Exception as error:
@@ -272,7 +272,7 @@ class OnlineEngine:
         """Hand ``stream``'s request to the server; if that fails, end it alone with an error."""
         try:
             seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
-            self.server.submit(seq, self.clock.now())
+            self.loop.submit(seq, self.clock.now())
         except Exception as error:
             self.num_failed += 1
             stream._push(Finished("error", None, error=f"the engine failed while admitting "
@@ -285,12 +285,12 @@ class OnlineEngine:
         if entry is None:  # it finished before the abort came
             return
         seq = entry[0]
-        self.server.withdraw(seq)
+        self.loop.withdraw(seq)
         stream._push(Finished("abort", self._timing(seq), seq.num_preemptions))
-        self.server.stamps.pop(seq.seq_id, None)
+        self.loop.stamps.pop(seq.seq_id, None)
 
     def _timing(self, seq: Sequence) -> RequestTiming | None:
-        stamps = self.server.stamps.get(seq.seq_id, [])
+        stamps = self.loop.stamps.get(seq.seq_id, [])
         return RequestTiming(seq.arrival_s, tuple(stamps)) if stamps else None
 
     def _first_token(self, seq: Sequence, token: int) -> None:
@@ -304,7 +304,7 @@ class OnlineEngine:
     def _deliver(self) -> None:
         """Push every live sequence's new tokens; end the streams of finished ones, and of those
         the server took out after a failure (with the error)."""
-        failures, self.server.failures = self.server.failures, []
+        failures, self.loop.failures = self.loop.failures, []
         for seq, why in failures:
             entry = self._live.pop(seq.seq_id, None)
             if entry is None:
@@ -315,7 +315,7 @@ class OnlineEngine:
             stream.num_sent = len(seq.output)
             self.num_failed += 1
             stream._push(Finished("error", self._timing(seq), seq.num_preemptions, error=why))
-            self.server.stamps.pop(seq.seq_id, None)
+            self.loop.stamps.pop(seq.seq_id, None)
         for seq_id, (seq, stream) in list(self._live.items()):
             for token in seq.output[stream.num_sent:]:
                 stream._push(token)
@@ -323,5 +323,5 @@ class OnlineEngine:
             if seq.is_done and not seq.held:
                 del self._live[seq_id]
                 stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
-                self.server.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
+                self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
         self.scheduler.finished.clear()

@@ -156,8 +156,7 @@ def kernel_inputs(batch: int, context: int, n_heads: int, n_kv_heads: int, head_
     g = torch.Generator().manual_seed(seed)
     blocks_each = blocks_for(context, block_size)
     num_blocks = batch * blocks_each
-    alloc = BlockAllocator(num_blocks)
-    alloc._free = type(alloc._free)(torch.randperm(num_blocks, generator=g).tolist())  # scatter
+    alloc = BlockAllocator(num_blocks, torch.randperm(num_blocks, generator=g).tolist())  # scatter
     tables = []
     for _ in range(batch):
         t = BlockTable(alloc, block_size)

@@ -15,10 +15,12 @@ which sequence a token belongs to; only attention does, so it runs by segment:
   mask shifted by what is cached; its blocks are gathered first, as the cache does for any
   prefill over cached tokens.
 
+Every forward of the engine is such a batch (a decode batch is d one-token rows, a whole
+prompt one segment), and Lab 3's padded (B, T) batches are packed into one at the cache.
 ``prepare`` builds all of it once per forward pass, from Python lists, in one host-to-device
-copy (like ``inferlab.serving.paged_cache.prepare``); ``attend`` is what the cache calls at
-every layer. ``RaggedMetadata.last_index`` says where each row's last token sits, the only
-positions whose logits the model needs.
+copy; ``attend`` is what the cache (``inferlab.serving.paged_cache``) calls at every layer.
+``RaggedMetadata.last_index`` says where each row's last token sits, the only positions whose
+logits the model needs.
 """
 
 from __future__ import annotations

@@ -250,6 +250,17 @@ class Sequence:
             return list(self.prompt[start:start + n])
         return [*self.prompt[start:], *self.output[:start + n - p]]
 
+    def row_start(self, n: int) -> int:
+        """Where a forward row of ``n`` new tokens starts: at the first uncomputed token, or,
+        for a finished sequence a static batch holds as padding, at its table's last slot(s)
+        (recomputed, the token dropped)."""
+        return min(self.num_computed, self.table.num_tokens - n)
+
+    def is_decode_row(self, n: int) -> bool:
+        """Whether a forward row of ``n`` new tokens of this sequence decodes: one token after
+        its whole prompt is computed (a finished sequence's padding row included)."""
+        return n == 1 and bool(self.output) and self.num_computed >= len(self.prompt)
+
     @property
     def max_tokens(self) -> int:
         """Tokens whose K/V the sequence stores at its longest (``longest_tokens``)."""

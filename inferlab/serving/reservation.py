@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Callable
 
 from inferlab.serving.block_manager import OutOfBlocksError, blocks_for
+from inferlab.serving.interfaces import MemoryManager
 from inferlab.validation import positive_ints
 
 RESERVATIONS = ("max_length", "power_of_two", "exact", "paged")
@@ -115,7 +116,7 @@ class Region:
         return f"Region(start={self.start}, size={self.size}, tokens={self.num_tokens})"
 
 
-class ContiguousManager:
+class ContiguousManager(MemoryManager):
     """A pool of ``capacity`` token slots handing out one region per request, first fit.
 
     ``reservation`` is "max_length", "power_of_two" or "exact"; ``slots_fn`` (default

@@ -72,8 +72,8 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor,
         rows = (~finite).nonzero().flatten().tolist()
         raise ValueError(f"the model produced logits that are not finite in rows {rows}")
     tokens = logits.argmax(-1).tolist()  # (n,): every row's greedy choice
-    hot = [i for i, g in enumerate(generators)
-           if g is not None and not is_greedy(float(temperatures[i]))]
+    warm = (temperatures >= GREEDY_BELOW).tolist()  # one read of the whole tensor
+    hot = [i for i, (g, w) in enumerate(zip(generators, warm)) if g is not None and w]
     if not hot:
         return tokens
     x = logits[hot].float().cpu()  # (h, V) float32

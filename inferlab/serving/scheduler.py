@@ -45,6 +45,7 @@ from typing import Callable
 
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import MemoryManager
 from inferlab.serving.request import Sequence, Status
 
 
@@ -130,7 +131,7 @@ class Scheduler:
     batching keeps finished members as padding rows until its batch is over.
     """
 
-    def __init__(self, config: ServingConfig, memory=None):
+    def __init__(self, config: ServingConfig, memory: MemoryManager | None = None):
         if memory is None:
             if config.num_blocks is None:
                 raise ValueError("the scheduler needs config.num_blocks (or a memory manager)")
@@ -160,10 +161,7 @@ class Scheduler:
     def can_append(self, seq: Sequence) -> bool:
         """Whether a running ``seq`` can get one more token slot (a new block if it needs one);
         a prefix-caching memory may evict cached blocks to make the room."""
-        if seq.table.can_append(1):
-            return True
-        make_room = getattr(self.memory, "make_room", None)
-        return make_room is not None and make_room(seq.table.blocks_needed(1))
+        return seq.table.can_append(1) or self.memory.make_room(seq.table.blocks_needed(1))
 
     def is_prefilling(self, seq: Sequence) -> bool:
         """Whether a running ``seq`` still has prompt tokens to compute (a chunked prompt):
@@ -200,11 +198,7 @@ class Scheduler:
         if len(self.running) >= self.max_batch:
             raise SchedulingError(f"admit: the batch is full ({self.max_batch} running)")
         # raises OutOfBlocksError, changing nothing, if there is no room
-        cached = 0
-        if hasattr(self.memory, "allocate_sequence"):  # prefix caching: reuse cached blocks
-            table, cached = self.memory.allocate_sequence(seq)
-        else:
-            table = self.memory.allocate(seq.num_tokens, seq.max_tokens)
+        table, cached = self.memory.allocate_sequence(seq)  # cached: a prefix cache's hit
         self.waiting.remove(seq)
         seq.table, seq.status, seq.num_computed = table, Status.RUNNING, cached
         _insert(self.running, seq)
@@ -247,16 +241,18 @@ class Scheduler:
         self.finished.append(seq)
 
     def abort(self, seq: Sequence) -> None:
-        """Take ``seq`` out, waiting or running, and free its memory now (its client left)."""
-        if seq.status is Status.WAITING:
+        """Take ``seq`` out, waiting or running (or half-way, after a failure), and free its
+        memory now (its client left, or the engine failed on it)."""
+        if seq.status is Status.FINISHED:
+            raise SchedulingError(f"abort: {seq!r} has already finished")
+        if seq in self.waiting:  # identity: a Sequence compares by identity
             self.waiting.remove(seq)
-        elif seq.status is Status.RUNNING:
-            seq.table.free()
+        if seq in self.running:
             self.running.remove(seq)
             self._num_held -= seq.held
-            seq.table, seq.held = None, False
-        else:
-            raise SchedulingError(f"abort: {seq!r} has already finished")
+        if seq.table is not None:
+            seq.table.free()
+        seq.table, seq.held = None, False
         seq.status = Status.FINISHED  # but not in ``finished``: it completed nothing
 
     def schedule(self, now: float = 0.0) -> Step:
@@ -273,15 +269,14 @@ class Scheduler:
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
         done, chunks = [], step.chunks
-        remember = getattr(self.memory, "remember", None)  # prefix caching's memory only
         for seq, token in zip(scheduled, tokens):
             if chunks and seq in chunks and chunks[seq] < seq.num_uncomputed:
                 seq.num_computed += chunks[seq]  # part of its prompt is left: no token yet
                 continue
             seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
-            if remember is not None and seq in step.prefills:
-                remember(seq)  # its prompt's full blocks, for later requests
+            if seq in step.prefills:
+                self.memory.remember(seq)  # its prompt's blocks, for a prefix cache
             if seq.is_done:
                 done.append(seq)
                 if not seq.held:

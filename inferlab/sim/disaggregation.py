@@ -6,7 +6,7 @@ prefill on one GPU and its decode on another, so that the two phases stop interf
 pool can be sized for its own latency target; Mooncake (Qin et al., 2024) builds Kimi's service
 around the same split and a store of KV caches. The price is moving every request's KV cache
 between the two. This module simulates such a cluster with the course's own parts: each
-instance is a ``Server`` (``inferlab.serving.loop``) with the real scheduler and a ``SimRunner``
+instance is a ``StepLoop`` (``inferlab.serving.loop``) with the real scheduler and a ``SimRunner``
 (``inferlab.sim.simulator``) that charges modelled step times to the instance's own virtual
 clock, and one loop steps them on a common timeline, always the instance that can act first.
 
@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Result, Run, Server, VirtualClock
+from inferlab.serving.loop import Result, Run, StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request, Sequence
 from inferlab.serving.scheduler import Scheduler
@@ -124,7 +124,7 @@ class ClusterRun:
 
 
 class _Node:
-    """One instance: its role, its ``Server`` on its own clock, and its outgoing link."""
+    """One instance: its role, its ``StepLoop`` on its own clock, and its outgoing link."""
 
     def __init__(self, role: str, index: int, config: ServingConfig, costs: CostModel,
                  start_s: float = 0.0):
@@ -132,7 +132,8 @@ class _Node:
         self.clock = VirtualClock()
         self.clock.skip_to(start_s)
         self.scheduler = Scheduler(config)
-        self.server = Server(self.scheduler, SimRunner(costs, self.clock), self.clock)
+        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None)
+        self.server = StepLoop(self.scheduler, runner, self.clock)
         self.alive, self.link_free_s = True, 0.0
 
     def load(self, now: float) -> tuple:
@@ -155,7 +156,7 @@ class _Sim:
         self.front = make("colocated", c.colocated, c.colocated_config) or \
             make("prefill", c.prefill, c.prefill_config)
         self.back = make("decode", c.decode, c.decode_config)
-        self.retired: list[Server] = []  # servers of failed instances (their stamps count)
+        self.retired: list[StepLoop] = []  # servers of failed instances (their stamps count)
         self.served_by: dict[int, _Node] = {}
         self.final: dict[int, Sequence] = {}
         self.turn = 0

@@ -31,6 +31,7 @@ from typing import Callable
 
 from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable, blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
 from inferlab.serving.scheduler import Scheduler
@@ -57,7 +58,7 @@ class MemoryUse:
     preemptions: int
 
 
-class MemoryRecorder:
+class MemoryRecorder(Runner):
     """A runner that runs no model: every step it records where the pool's slots are."""
 
     def __init__(self, scheduler: Scheduler, capacity: int):
@@ -65,11 +66,8 @@ class MemoryRecorder:
         self.sums = dict(tokens=0.0, reserved=0.0, internal=0.0, free=0.0, running=0.0)
         self.counted = self.steps = 0
 
-    def prefill(self, seq) -> int:
-        return 1
-
-    def decode(self, seqs) -> list[int]:
-        return [1] * len(seqs)
+    def forward(self, rows) -> list[int]:
+        return [1] * len(rows)
 
     def record(self, iteration) -> None:
         """Called once per step, after the step's allocations (``drive``'s ``on_iteration``)."""

@@ -25,12 +25,12 @@ def _slots(iterations):
     """Give each running request a stable row (batch slot) for as long as it runs."""
     rows, free, placed = {}, [], []
     for it in iterations:
-        present = {sid for sid, _, _ in it.prefills} | set(it.decode_ids) | set(it.padding_ids)
+        order = list(dict.fromkeys(r.seq_id for r in it.rows))
         for sid in list(rows):
-            if sid not in present:
+            if sid not in order:
                 free.append(rows.pop(sid))
         free.sort()
-        for sid in [s for s, _, _ in it.prefills] + list(it.decode_ids) + list(it.padding_ids):
+        for sid in order:
             if sid not in rows:
                 rows[sid] = free.pop(0) if free else len(rows) + len(free)
         placed.append(dict(rows))
@@ -50,16 +50,16 @@ def plot_timeline(iterations, ax=None, title: str = "", time_unit: float = 1e-3,
     preempted = False
     for it, rows in zip(iterations, placed):
         t = it.start_s
-        for sid, _, seconds in it.prefills:
-            ax.barh(rows[sid], seconds / time_unit, left=t / time_unit, height=0.8,
-                    color=colors[sid % 20], edgecolor="black", linewidth=0.6)
-            t += seconds
-        for sid in it.decode_ids:
-            ax.barh(rows[sid], it.decode_s / time_unit, left=t / time_unit, height=0.8,
-                    color=colors[sid % 20])
-        for sid in it.padding_ids:
-            ax.barh(rows[sid], it.decode_s / time_unit, left=t / time_unit, height=0.8,
-                    color="lightgrey", hatch="///", edgecolor="grey", linewidth=0)
+        for f in it.forwards:
+            for row in f.rows:
+                style = dict(color=colors[row.seq_id % 20])
+                if row.prefill:
+                    style.update(edgecolor="black", linewidth=0.6)
+                elif row.seq_id in it.padding_ids:
+                    style = dict(color="lightgrey", hatch="///", edgecolor="grey", linewidth=0)
+                ax.barh(rows[row.seq_id], f.seconds / time_unit, left=t / time_unit,
+                        height=0.8, **style)
+            t += f.seconds
         for sid in it.preempted:
             ax.plot(it.start_s / time_unit, rows.get(sid, 0), "kx", markersize=7)
             preempted = True

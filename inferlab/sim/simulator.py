@@ -3,7 +3,7 @@
 A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
 many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
 attend over. So a simulator can replay a trace with the *real* scheduler and block manager (``inferlab.serving.scheduler``,
-``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.drive``), and
+``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.StepLoop``), and
 replace only the model by a cost model that says how long each step takes, charged to a
 virtual clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only
 step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two cost models:
@@ -34,7 +34,8 @@ import torch
 
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Iteration, Run, VirtualClock, run_loop
+from inferlab.serving.interfaces import Runner
+from inferlab.serving.loop import Iteration, Run, StepLoop, VirtualClock
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence, longest_tokens
 from inferlab.serving.runner import ModelRunner
@@ -149,12 +150,16 @@ class FittedCosts:
         (``Run.iterations``)."""
         prefills, decodes, mixed = [], [], []
         for it in iterations:
-            prefills.extend((n, s) for _, n, s in it.prefills)
-            if it.chunks:
-                mixed.append((tuple((n, c) for _, n, c in it.chunks), it.decode_batch,
-                              it.decode_context, it.decode_s))
-            elif it.decode_ids:
-                decodes.append((it.decode_batch, it.decode_context, it.decode_s))
+            for f in it.forwards:
+                chunks = tuple((r.new, r.cached) for r in f.rows if r.prefill)
+                batch = sum(not r.prefill for r in f.rows)
+                context = sum(r.new + r.cached for r in f.rows if not r.prefill)
+                if len(f.rows) == 1 and chunks and chunks[0][1] == 0:  # a whole prompt
+                    prefills.append((chunks[0][0], f.seconds))
+                elif chunks:
+                    mixed.append((chunks, batch, context, f.seconds))
+                else:
+                    decodes.append((batch, context, f.seconds))
         return cls.fit(prefills, decodes, source or "fitted to an engine run's iterations", mixed)
 
 
@@ -184,13 +189,17 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
 
     prefills, decodes = [], []
     for t in prefill_lens:
-        seq = sequence(0, t)
-        prefills.append((t, time_fn(lambda: runner.prefill(seq), min_run_time=min_run_time).median_s))
-        seq.table.free()
+        rows = [(sequence(0, t), t)]  # a whole prompt: nothing computed yet
+        prefills.append((t, time_fn(lambda: runner.forward(rows),
+                                    min_run_time=min_run_time).median_s))
+        rows[0][0].table.free()
     for n in batches:
         for c in contexts:
             seqs = [sequence(i, c) for i in range(n)]
-            s = time_fn(lambda: runner.decode(seqs), min_run_time=min_run_time).median_s
+            for seq in seqs:
+                seq.num_computed = c - 1  # decoding its newest token
+            rows = [(seq, 1) for seq in seqs]
+            s = time_fn(lambda: runner.forward(rows), min_run_time=min_run_time).median_s
             decodes.append((n, n * c, s))
             for seq in seqs:
                 seq.table.free()
@@ -216,26 +225,31 @@ def measure_costs_for(model, requests: list[Request], config: ServingConfig,
                          min_run_time)
 
 
-class SimRunner:
-    """Stands in for ``ModelRunner``: charges each step's modelled time; emits token 0."""
+class SimRunner(Runner):
+    """Stands in for ``ModelRunner``: charges each forward's modelled time; emits token 0.
 
-    def __init__(self, costs: CostModel, clock: VirtualClock):
-        self.costs, self.clock = costs, clock
+    A row is a decode when it runs one token of a sequence whose prompt is computed
+    (``Sequence.is_decode_row``); the others are prompt work. Without a token budget
+    (``chunked=False``) a forward of prompt work is one whole prompt, priced by
+    ``costs.prefill_s``, and a forward of decodes by ``costs.decode_s``; with one, every forward
+    is priced by ``costs.step_s``.
+    """
 
-    def prefill(self, seq: Sequence) -> int:
-        self.clock.advance(self.costs.prefill_s(seq.num_tokens))
-        return 0
+    def __init__(self, costs: CostModel, clock: VirtualClock, chunked: bool = False):
+        self.costs, self.clock, self.chunked = costs, clock, chunked
 
-    def decode(self, seqs: list[Sequence]) -> list[int]:
-        context = sum(s.table.num_tokens for s in seqs)
-        self.clock.advance(self.costs.decode_s(len(seqs), context))
-        return [0] * len(seqs)
-
-    def forward(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[int]:
-        context = sum(s.table.num_tokens for s in decodes)
-        shape = [(n, s.num_computed) for s, n in chunks]
-        self.clock.advance(self.costs.step_s(shape, len(decodes), context))
-        return [0] * (len(decodes) + len(chunks))
+    def forward(self, rows: list[tuple[Sequence, int]]) -> list[int]:
+        decode = [s.is_decode_row(n) for s, n in rows]
+        context = sum(s.table.num_tokens for (s, _), d in zip(rows, decode) if d)
+        if self.chunked:
+            shape = [(n, s.num_computed) for (s, n), d in zip(rows, decode) if not d]
+            seconds = self.costs.step_s(shape, sum(decode), context)
+        elif all(decode):
+            seconds = self.costs.decode_s(len(rows), context)
+        else:
+            seconds = self.costs.prefill_s(rows[0][0].num_tokens)
+        self.clock.advance(seconds)
+        return [0] * len(rows)
 
 
 def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -> Run:
@@ -246,4 +260,5 @@ def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -
     virtual clock.
     """
     clock = VirtualClock()
-    return run_loop(list(requests), Scheduler(config), SimRunner(costs, clock), clock)
+    runner = SimRunner(costs, clock, chunked=config.token_budget is not None)
+    return StepLoop(Scheduler(config), runner, clock).run(list(requests))

@@ -111,13 +111,9 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     steps = rows = 0
     for it in run.iterations:
         if inside(it.start_s):
-            prefill_s += sum(s for _, _, s in it.prefills)
-            # a chunked step is one forward: split in proportion to the tokens each phase put
-            # through it (a decode row is one token, a chunk its new tokens)
-            chunk_tokens = sum(n for _, n, _ in it.chunks)
-            share = chunk_tokens / (chunk_tokens + it.decode_batch) if chunk_tokens else 0.0
-            prefill_s += share * it.decode_s
-            decode_s += (1 - share) * it.decode_s
+            for f in it.forwards:  # each forward's time split by its tokens' phases
+                prefill_s += f.prefill_share * f.seconds
+                decode_s += (1 - f.prefill_share) * f.seconds
             if it.decode_ids:
                 steps += 1
                 rows += it.decode_batch

@@ -24,6 +24,7 @@ from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.serving import metrics, scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.request import Request
@@ -51,7 +52,7 @@ def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float)
 _TRACES = [(0, 6, 200, 4, 4), (1, 10, 14, 4, 6), (2, 12, 13, 2, 8), (3, 8, 24, 8, 3)]
 
 
-class _FakeRunner:
+class _FakeRunner(Runner):
     """A model stand-in for replaying decisions: each token says how far along its sequence is."""
 
     def __init__(self, clock, limit: int):
@@ -65,13 +66,9 @@ class _FakeRunner:
                               "decode, and waiting ones are admitted when the engine is idle.")
         self.clock.advance(1e-3)
 
-    def prefill(self, seq):
+    def forward(self, rows):
         self._tick()
-        return len(seq.output) + 1
-
-    def decode(self, seqs):
-        self._tick()
-        return [len(s.output) + 1 for s in seqs]
+        return [len(s.output) + 1 for s, _ in rows]
 
 
 def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
@@ -84,7 +81,7 @@ def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
     log = []
     total = sum(r.max_new_tokens for r in requests)
     drive(dict(enumerate(requests)), sched, _FakeRunner(clock, 20 * total + 100), clock,
-          lambda it: log.append((tuple(p[0] for p in it.prefills), it.decode_ids,
+          lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
                                  it.padding_ids, it.preempted)))
     return log, sched
 

@@ -22,6 +22,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving import scheduler
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.metrics import SLO, RequestTiming
@@ -52,20 +53,20 @@ def _requests(seed: int, n: int, max_prompt: int, max_new: int, spread_s: float)
 _TRACES = [(0, 6, 200, 4, 3, 8), (1, 9, 14, 4, 4, 12), (2, 10, 24, 2, 5, 6), (3, 8, 40, 8, 2, 20)]
 
 
-class _FakeRunner:
+class _FakeRunner(Runner):
     """A model stand-in for replaying a chunked policy: every step is one forward pass."""
 
     def __init__(self, clock, limit: int):
         self.clock, self.limit, self.steps = clock, limit, 0
 
-    def forward(self, decodes, chunks):
+    def forward(self, rows):
         self.steps += 1
         if self.steps > self.limit:
             raise CheckFailed(f"the trace did not finish within {self.limit} steps.\n  Hint: "
                               "every step must make progress: decode the running sequences, "
                               "give prompts chunks, and admit waiting ones when there is room.")
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s in decodes] + [len(s.output) + 1 for s, _ in chunks]
+        return [len(s.output) + 1 for s, _ in rows]
 
 
 def _replay(policy, trace):
@@ -78,7 +79,7 @@ def _replay(policy, trace):
     log = []
     limit = 20 * sum(len(r.prompt) + r.max_new_tokens for r in requests) + 100
     drive(dict(enumerate(requests)), sched, _FakeRunner(clock, limit), clock,
-          lambda it: log.append((tuple((sid, n) for sid, n, _ in it.chunks), it.decode_ids,
+          lambda it: log.append((tuple((r.seq_id, r.new) for r in it.prefill_rows), it.decode_ids,
                                  it.preempted)))
     return log, sched
 
