@@ -122,3 +122,16 @@ def test_uniform_routing_touches_the_expected_number_of_experts(n_experts, k, ba
         total += distinct_experts(torch.stack(choice))
     mean = total / comb(n_experts, k) ** batch
     assert float(mean) == pytest.approx(expected_experts(batch, n_experts, k), rel=1e-12)
+
+
+def test_balancing_loss_is_one_when_uniform_and_e_over_k_when_collapsed():
+    from inferlab.model.moe import load_balancing_loss
+
+    E, k, N = 4, 2, 8
+    # every token ranks the experts differently, cyclically: each is chosen equally often
+    uniform = torch.stack([torch.roll(torch.tensor([3.0, 2.0, 1.0, 0.0]), i) for i in range(N)])
+    assert float(load_balancing_loss([uniform * 1e-6], k)) == pytest.approx(1.0, rel=1e-5)
+    collapsed = torch.tensor([[50.0, 50.0, -50.0, -50.0]]).repeat(N, 1)
+    assert float(load_balancing_loss([collapsed], k)) == pytest.approx(E / k, rel=1e-5)
+    lopsided = torch.tensor([[5.0, 4.0, 0.0, 0.0]]).repeat(N, 1)
+    assert 1.0 < float(load_balancing_loss([uniform * 1e-6, lopsided], k)) < E / k
