@@ -49,7 +49,8 @@ def test_measure_reports_both_references(monkeypatch):
     monkeypatch.setattr(bench_moe, "BATCHES", (1, 4))
     monkeypatch.setattr(bench_moe.corpus, "held_out",
                         lambda split, real=bench_moe.corpus.held_out: real(split)[:5])
-    r = bench_moe.measure(moe, dense, tokenizer, log, steps=10, windows=2, window=64, groups=8)
+    r = bench_moe.measure(moe, dense, tokenizer, log, steps=10, moe_val_loss=3.5, windows=2,
+                          window=64, groups=8)
     assert r["val_loss_at_equal_steps"] == {"step": 10, "small-moe": 3.5, "small-dense": 3.25}
     assert set(r["test_perplexity"]) == {"small-moe", "small-dense"}
     assert r["active_params"] == sum(p.numel() for p in dense.parameters()) + 2 * 4 * 32

@@ -147,3 +147,9 @@ def test_the_course_moe_has_the_targets_active_parameters():
                                                            dense.vocab_size)
     with pytest.raises(ValueError, match="divisible"):
         course_moe_config(n_experts=3)
+
+
+def test_a_merged_log_keeps_every_column(tmp_path):
+    path = train.write_table([{"model": "a", "step": 0}, {"model": "b", "step": 1, "source": "x"}],
+                             tmp_path / "log.csv")
+    assert path.read_text().splitlines() == ["model,step,source", "a,0,", "b,1,x"]

@@ -218,8 +218,11 @@ def save_course_model(model: Llama, tokenizer, path: str | Path) -> Path:
 
 
 def write_table(rows: list[dict], path: Path) -> Path:
+    """``rows`` as CSV; the columns are every row's keys in first-seen order (rows kept from an
+    older log may lack a newer column, which is left empty)."""
+    fields = list(dict.fromkeys(key for row in rows for key in row))
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return path

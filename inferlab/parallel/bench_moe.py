@@ -6,8 +6,9 @@ Four measurements of ``course-moe`` (``inferlab.model.moe.course_moe_config``), 
 reference, on the held-out test split of the course corpus:
 
 1. **Quality.** Perplexity of ``course-moe`` and of the dense ``course-target`` on the test split,
-   and both models' validation loss at the MoE's last training step, read from
-   ``data/models/training_log.csv`` (equal tokens seen; the target trained on for longer).
+   and the validation loss at equal tokens seen: the MoE's checkpoint on the training script's own
+   validation windows (``inferlab.model.train``: same seed, same windows), beside the target's at
+   the same step in ``data/models/training_log.csv`` (the target trained on for longer).
 2. **Router load.** Tokens per expert in every layer over ``--windows`` windows of text, and the
    imbalance (busiest expert over the mean, ``inferlab.model.routing``).
 3. **Distinct experts against batch.** A decode step of B sequences routes B tokens, one from
@@ -53,6 +54,21 @@ def analysis_shape(config: MoEModelConfig) -> MoEConfig:
                      max_seq_len=config.max_seq_len)
 
 
+@torch.inference_mode()
+def validation_loss(model, checkpoint: Path, steps: int) -> float:
+    """``model``'s loss on the validation windows ``inferlab.model.train`` evaluates on."""
+    from tokenizers import Tokenizer
+
+    from inferlab.model import train
+
+    plan = train.PLANS[COURSE_MOE]
+    stream = train.token_stream(Tokenizer.from_file(str(checkpoint / "tokenizer.json")),
+                                corpus.held_out("validation"))
+    val = train.windows(stream, plan.eval_windows, plan.seq_len + 1,
+                        torch.Generator().manual_seed(plan.seed + 1))
+    return float(train.window_loss(model, val))
+
+
 def validation_loss_at(step: int, log_rows: list[dict], model: str) -> float:
     """A model's validation loss at ``step`` in training_log.csv's rows."""
     for row in log_rows:
@@ -92,8 +108,8 @@ def decode_step_experts(model, prompts: torch.Tensor) -> int:
     return len(ran)
 
 
-def measure(moe, target, tokenizer, log_rows: list[dict], steps: int, windows: int = 8,
-            window: int = 256, groups: int = 64, seed: int = 0) -> dict:
+def measure(moe, target, tokenizer, log_rows: list[dict], steps: int, moe_val_loss: float,
+            windows: int = 8, window: int = 256, groups: int = 64, seed: int = 0) -> dict:
     c = moe.config
     docs = [doc.text for doc in corpus.held_out("test")]
     gen = torch.Generator().manual_seed(seed)
@@ -127,7 +143,7 @@ def measure(moe, target, tokenizer, log_rows: list[dict], steps: int, windows: i
         "test_perplexity": {c.name: perplexity(moe, tokenizer, docs),
                             target.config.name: perplexity(target, tokenizer, docs)},
         "val_loss_at_equal_steps": {"step": steps,
-                                    c.name: validation_loss_at(steps, log_rows, c.name),
+                                    c.name: moe_val_loss,
                                     target.config.name: validation_loss_at(
                                         steps, log_rows, target.config.name)},
         "routing_tokens": int(text.numel()), "load_per_expert": load.tolist(),
@@ -151,8 +167,9 @@ def main(argv=None) -> int:
     moe = load_checkpoint(checkpoint_path(COURSE_MOE))
     target = load_checkpoint(checkpoint_path("course-target"))
     tokenizer = load_tokenizer(checkpoint_path(COURSE_MOE), model=moe)
-    result = measure(moe, target, tokenizer, read_table("models/training_log.csv"),
-                     PLANS[COURSE_MOE].steps)
+    steps = PLANS[COURSE_MOE].steps
+    result = measure(moe, target, tokenizer, read_table("models/training_log.csv"), steps,
+                     validation_loss(moe, checkpoint_path(COURSE_MOE), steps))
     print(f"test perplexity: {result['test_perplexity']}")
     print(f"validation loss at step {PLANS[COURSE_MOE].steps}: {result['val_loss_at_equal_steps']}")
     print("imbalance per layer: " + ", ".join(f"{x:.2f}" for x in result["imbalance"]))
