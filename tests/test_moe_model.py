@@ -135,3 +135,18 @@ def test_balancing_loss_is_one_when_uniform_and_e_over_k_when_collapsed():
     assert float(load_balancing_loss([collapsed], k)) == pytest.approx(E / k, rel=1e-5)
     lopsided = torch.tensor([[5.0, 4.0, 0.0, 0.0]]).repeat(N, 1)
     assert 1.0 < float(load_balancing_loss([uniform * 1e-6, lopsided], k)) < E / k
+
+
+def test_transformers_loads_the_course_moe_with_the_same_logits(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                       "here; the test never installs or downloads it")
+    from inferlab.model.weights import checkpoint_path, load_checkpoint
+
+    path = checkpoint_path("course-moe")
+    ours = load_checkpoint(path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    tokens = torch.randint(1, 1024, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(theirs.eval()(tokens).logits, ours(tokens), rtol=1e-4,
+                                   atol=1e-4)
