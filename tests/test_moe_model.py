@@ -122,3 +122,31 @@ def test_uniform_routing_touches_the_expected_number_of_experts(n_experts, k, ba
         total += distinct_experts(torch.stack(choice))
     mean = total / comb(n_experts, k) ** batch
     assert float(mean) == pytest.approx(expected_experts(batch, n_experts, k), rel=1e-12)
+
+
+def test_balancing_loss_is_one_when_uniform_and_e_over_k_when_collapsed():
+    from inferlab.model.moe import load_balancing_loss
+
+    E, k, N = 4, 2, 8
+    # every token ranks the experts differently, cyclically: each is chosen equally often
+    uniform = torch.stack([torch.roll(torch.tensor([3.0, 2.0, 1.0, 0.0]), i) for i in range(N)])
+    assert float(load_balancing_loss([uniform * 1e-6], k)) == pytest.approx(1.0, rel=1e-5)
+    collapsed = torch.tensor([[50.0, 50.0, -50.0, -50.0]]).repeat(N, 1)
+    assert float(load_balancing_loss([collapsed], k)) == pytest.approx(E / k, rel=1e-5)
+    lopsided = torch.tensor([[5.0, 4.0, 0.0, 0.0]]).repeat(N, 1)
+    assert 1.0 < float(load_balancing_loss([uniform * 1e-6, lopsided], k)) < E / k
+
+
+def test_transformers_loads_the_course_moe_with_the_same_logits(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                       "here; the test never installs or downloads it")
+    from inferlab.model.weights import checkpoint_path, load_checkpoint
+
+    path = checkpoint_path("course-moe")
+    ours = load_checkpoint(path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    tokens = torch.randint(1, 1024, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(theirs.eval()(tokens).logits, ours(tokens), rtol=1e-4,
+                                   atol=1e-4)

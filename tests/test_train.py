@@ -114,3 +114,42 @@ def test_learning_rate_warms_up_then_decays_to_its_floor():
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert train.learning_rate(100, plan) == pytest.approx(1e-4)
+
+
+def test_the_moe_trains_with_its_balancing_loss_and_saves_in_the_mixtral_layout(tmp_path,
+                                                                               toy_data):
+    from inferlab.model.moe import MoELlama, MoEModelConfig
+
+    tokenizer, stream, val = toy_data
+    toy = MoEModelConfig(**{**TOY.as_dict(), "ffn_dim": 64, "n_experts": 4,
+                            "experts_per_token": 2, "name": "toy-moe"})
+    model, rows = train.train_model(toy, stream, val, PLAN, progress=False)
+    again, _ = train.train_model(toy, stream, val, PLAN, progress=False)
+    assert isinstance(model, MoELlama) and _digest(model) == _digest(again)
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"]
+    batch = stream[None, :33]
+    loss, ce = train.training_loss(model, batch)  # cross-entropy plus the weighted balancing term
+    assert float(loss) > ce == pytest.approx(float(train.window_loss(model, batch)))
+    path = train.save_course_model(model, tokenizer, tmp_path / "toy-moe")
+    assert json.loads((path / "config.json").read_text())["model_type"] == "mixtral"
+    loaded = load_checkpoint(path)  # the one loader dispatches on model_type
+    assert isinstance(loaded, MoELlama)
+    with torch.no_grad():
+        assert torch.equal(loaded(batch), model(batch))
+
+
+def test_the_course_moe_has_the_targets_active_parameters():
+    from inferlab.model.moe import course_moe_config
+
+    moe, dense = course_moe_config(), ModelConfig.from_name("course-target")
+    assert moe.ffn_dim * moe.experts_per_token == dense.ffn_dim
+    assert (moe.n_layers, moe.d_model, moe.vocab_size) == (dense.n_layers, dense.d_model,
+                                                           dense.vocab_size)
+    with pytest.raises(ValueError, match="divisible"):
+        course_moe_config(n_experts=3)
+
+
+def test_a_merged_log_keeps_every_column(tmp_path):
+    path = train.write_table([{"model": "a", "step": 0}, {"model": "b", "step": 1, "source": "x"}],
+                             tmp_path / "log.csv")
+    assert path.read_text().splitlines() == ["model,step,source", "a,0,", "b,1,x"]

@@ -214,7 +214,7 @@ def init_weights(model: Llama, seed: int = 0, std: float = 0.02) -> Llama:
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                s = std * scale_out if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                s = std * scale_out if name.endswith(("o_proj.weight", "down_proj.weight", ".w2.weight")) else std
                 p.normal_(0.0, s, generator=gen)
     return model
 

@@ -17,12 +17,18 @@ model's (``inferlab.model.llama``), so the KV cache and ``generate`` run on it u
 ``MoEModelConfig`` is a runnable model's shape (a ``ModelConfig`` plus the expert counts; its
 ``ffn_dim`` is one expert's width) read from and written to Mixtral's ``config.json`` layout.
 It is not ``inferlab.analysis.moe.MoEConfig``, which describes published models for byte counts.
+``course_moe_config()`` is the course's own MoE: ``course-target``'s shape with 4 experts of half
+the dense width, top-2, so a token's active parameters equal the dense target's.
+Training adds Switch Transformer's load-balancing loss (Fedus et al. 2022, arXiv:2101.03961,
+eq. 4-6; the same as Hugging Face's ``load_balancing_loss_func``): ``router_logits`` collects the
+routers' outputs during a forward and ``load_balancing_loss`` turns them into E sum_e f_e P_e.
 ``save_checkpoint`` (``inferlab.model.weights``) writes this model as it writes the dense one;
 ``load_moe_checkpoint`` reads it back.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +75,23 @@ class MoEModelConfig(ModelConfig):
                      "num_experts_per_tok": self.experts_per_token,
                      "sliding_window": self.sliding_window, "router_jitter_noise": 0.0,
                      "output_router_logits": False}
+
+
+COURSE_MOE = "course-moe"
+
+
+def course_moe_config(n_experts: int = 4, experts_per_token: int = 2) -> MoEModelConfig:
+    """``course-target`` with its MLP split into ``n_experts`` experts of ffn_dim * k / E each.
+
+    A token runs k experts, so its active MLP parameters equal the dense target's.
+    """
+    dense = ModelConfig.from_name("course-target")
+    if (dense.ffn_dim * experts_per_token) % n_experts:
+        raise ValueError(f"ffn_dim={dense.ffn_dim} x k={experts_per_token} is not divisible "
+                         f"by n_experts={n_experts}")
+    return MoEModelConfig(**{**dense.as_dict(), "name": COURSE_MOE,
+                             "ffn_dim": dense.ffn_dim * experts_per_token // n_experts,
+                             "n_experts": n_experts, "experts_per_token": experts_per_token})
 
 
 def route(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +150,37 @@ class SparseMoE(nn.Module):
         flat = x.reshape(B * T, d)
         weights, experts = route(self.gate(flat), self.k)  # (N, k), (N, k)
         return combine(flat, weights, experts, self.experts).view(B, T, d)
+
+
+@contextmanager
+def router_logits(model):
+    """Collect each MoE layer's router logits, (N, E) per layer, during the forwards inside."""
+    collected: list[torch.Tensor] = []
+    handles = [layer.block_sparse_moe.gate.register_forward_hook(
+        lambda module, inputs, out: collected.append(out)) for layer in model.model.layers]
+    try:
+        yield collected
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def load_balancing_loss(logits: list[torch.Tensor], k: int) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss, averaged over layers: E sum_e f_e P_e.
+
+    f_e is the fraction of the N k routed slots that went to expert e (not differentiable) and
+    P_e the mean router probability of e; the loss is 1 when both are uniform and E / k when the same
+    k experts take every token with all the probability. Hugging Face's version sums over the k slots instead of averaging,
+    so its value is k times ours; the gradient's direction is the same.
+    """
+    losses = []
+    for layer in logits:  # (N, E)
+        probs = F.softmax(layer.float(), dim=-1)
+        chosen = torch.topk(probs, k, dim=-1).indices  # (N, k)
+        E = probs.shape[-1]
+        f = F.one_hot(chosen, E).float().mean(dim=(0, 1))  # (E,)
+        losses.append(E * (f * probs.mean(dim=0)).sum())
+    return torch.stack(losses).mean()
 
 
 class MoEDecoderLayer(nn.Module):

@@ -19,25 +19,15 @@ from __future__ import annotations
 import torch
 
 from inferlab.analysis.moe import expected_experts  # noqa: F401  (the uniform-routing reference)
-from inferlab.model.moe import route
+from inferlab.model.moe import route, router_logits
 
 
 @torch.inference_mode()
 def record_routing(model, tokens: torch.Tensor) -> torch.Tensor:
     """The experts each token of ``tokens`` (B, T) went to in each MoE layer: (L, B*T, k)."""
-    chosen: list[torch.Tensor] = []
-
-    def hook(module, inputs, logits):  # the router's output: (B*T, E)
-        chosen.append(route(logits, model.config.experts_per_token)[1])
-
-    handles = [layer.block_sparse_moe.gate.register_forward_hook(hook)
-               for layer in model.model.layers]
-    try:
+    with router_logits(model) as logits:  # (B*T, E) per layer
         model(tokens)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(chosen)
+    return torch.stack([route(x, model.config.experts_per_token)[1] for x in logits])
 
 
 def expert_load(experts: torch.Tensor, n_experts: int) -> torch.Tensor:

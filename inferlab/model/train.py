@@ -3,10 +3,13 @@
     python -m inferlab.model.train                 # tokenizer, course-target, course-draft
     python -m inferlab.model.train --check         # only compare the local stdlib with the record
     python -m inferlab.model.train --jobs 1        # one model after the other, not side by side
+    python -m inferlab.model.train --models course-moe   # the mixture of experts (Chapter 10)
 
 The corpus is the Python standard library (``inferlab.model.corpus``); the tokenizer is
 ``inferlab.model.bpe``; the two shapes are the ``course-target`` and ``course-draft`` rows of
 ``data/models.csv`` and share the tokenizer, so Chapter 6 can use them for speculative decoding.
+``course-moe`` (``inferlab.model.moe.course_moe_config``) is the target with Mixtral-style experts,
+trained by the same loop with the routers' load-balancing loss added (``MOE_AUX_WEIGHT``).
 Training is next-token cross-entropy on random windows of the tokenized training split, with
 AdamW (Loshchilov and Hutter 2019), a linear warm-up and a cosine decay of the learning rate,
 and gradient clipping: the recipe of nanoGPT, at a scale that takes minutes on two CPU cores.
@@ -40,9 +43,15 @@ import torch.nn.functional as F
 from inferlab.model import bpe, corpus
 from inferlab.model.config import ModelConfig
 from inferlab.model.llama import Llama, build_model
+from inferlab.model.moe import (COURSE_MOE, MoEModelConfig, build_moe_model, course_moe_config,
+                                load_balancing_loss, router_logits)
 from inferlab.model.weights import save_checkpoint
 
 MODELS = ("course-target", "course-draft")
+TRAINABLE = (*MODELS, COURSE_MOE)
+# Weight of the load-balancing loss beside the cross-entropy: our choice, small enough that the
+# language-model loss leads, large enough that no expert starves in a short run.
+MOE_AUX_WEIGHT = 0.01
 STORAGE_DTYPE = torch.bfloat16
 
 
@@ -66,7 +75,22 @@ class TrainConfig:
 # At this budget a two-layer model learns more per CPU-second than a six-layer one: trained as
 # long, the draft would overtake its target. It gets fewer steps, as real drafts get less
 # training than their targets; the target gets as many as fit in the time limit.
-PLANS = {"course-target": TrainConfig(steps=2400), "course-draft": TrainConfig(steps=1000)}
+# The MoE gets what two shared CPU cores allow in about twenty minutes; it is compared with the
+# target's validation loss at the same step (data/models/training_log.csv), not at the end.
+PLANS = {"course-target": TrainConfig(steps=2400), "course-draft": TrainConfig(steps=1000),
+         COURSE_MOE: TrainConfig(steps=1500)}
+
+
+def model_config(name: str) -> ModelConfig:
+    """The shape trained under ``name``: a row of data/models.csv, or the course's MoE."""
+    return course_moe_config() if name == COURSE_MOE else ModelConfig.from_name(name)
+
+
+def build(config: ModelConfig, seed: int = 0) -> Llama:
+    """A fresh model of ``config``: dense, or a mixture of experts for an ``MoEModelConfig``."""
+    if isinstance(config, MoEModelConfig):
+        return build_moe_model(config, seed=seed)
+    return build_model(config, seed=seed)
 
 
 def learning_rate(step: int, plan: TrainConfig) -> float:
@@ -99,6 +123,20 @@ def window_loss(model: Llama, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
 
 
+def training_loss(model: Llama, batch: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The loss minimised on one batch and its cross-entropy part (nats per token).
+
+    A mixture of experts adds ``MOE_AUX_WEIGHT`` times its routers' load-balancing loss.
+    """
+    if not isinstance(model.config, MoEModelConfig):
+        loss = window_loss(model, batch)
+        return loss, float(loss.detach())
+    with router_logits(model) as logits:
+        ce = window_loss(model, batch)
+    aux = load_balancing_loss(logits, model.config.experts_per_token)
+    return ce + MOE_AUX_WEIGHT * aux, float(ce.detach())
+
+
 @torch.no_grad()
 def round_weights(model: Llama, dtype: torch.dtype = STORAGE_DTYPE) -> Llama:
     """Round every weight to ``dtype`` and back, in place: the values a ``dtype`` file holds."""
@@ -128,7 +166,7 @@ def train_model(config: ModelConfig, stream: torch.Tensor, val_stream: torch.Ten
     gen = torch.Generator().manual_seed(plan.seed)
     val = windows(val_stream, plan.eval_windows, plan.seq_len + 1,
                   torch.Generator().manual_seed(plan.seed + 1))
-    model = build_model(config, seed=plan.seed).train()
+    model = build(config, seed=plan.seed).train()
     optimizer = _optimizer(model, plan)
     rows, running, start = [], [], time.perf_counter()
 
@@ -149,12 +187,12 @@ def train_model(config: ModelConfig, stream: torch.Tensor, val_stream: torch.Ten
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, plan)
-        loss = window_loss(model, windows(stream, plan.batch, plan.seq_len + 1, gen))
+        loss, ce = training_loss(model, windows(stream, plan.batch, plan.seq_len + 1, gen))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip)
         optimizer.step()
-        running.append(float(loss.detach()))
+        running.append(ce)
         if (step + 1) % plan.eval_every == 0 or step + 1 == plan.steps:
             record(step + 1)
             bar.set_postfix(train=f"{rows[-1]['train_loss']:.3f}",
@@ -180,8 +218,11 @@ def save_course_model(model: Llama, tokenizer, path: str | Path) -> Path:
 
 
 def write_table(rows: list[dict], path: Path) -> Path:
+    """``rows`` as CSV; the columns are every row's keys in first-seen order (rows kept from an
+    older log may lack a newer column, which is left empty)."""
+    fields = list(dict.fromkeys(key for row in rows for key in row))
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return path
@@ -197,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare the local standard library with the record, then stop")
     parser.add_argument("--allow-mismatch", action="store_true",
                         help="train even where the local standard library differs from the record")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=TRAINABLE)
     parser.add_argument("--steps", type=int, help="override both plans' step counts (quick runs)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per model (default 1: the committed checkpoints were "
@@ -228,7 +269,7 @@ def _train_one(name: str, plan: TrainConfig, stream, val_stream, threads: int, p
     """One model in a worker process: its weights, loss curve, wall and CPU seconds."""
     torch.set_num_threads(threads)
     wall, cpu = time.perf_counter(), time.process_time()
-    model, rows = train_model(ModelConfig.from_name(name), stream, val_stream, plan,
+    model, rows = train_model(model_config(name), stream, val_stream, plan,
                               position=position)
     return model.state_dict(), rows, time.perf_counter() - wall, time.process_time() - cpu
 
@@ -263,7 +304,7 @@ def run(args) -> int:
         results = {name: job.result() for name, job in jobs.items()}
     log, summary = [], {}
     for name, (state, rows, wall, cpu) in results.items():
-        model = build_model(ModelConfig.from_name(name))
+        model = build(model_config(name))
         model.load_state_dict(state)
         save_course_model(model, tokenizer, data / "models" / name)
         log += [_format({"model": name, **row, "source": "python -m inferlab.model.train"})
@@ -274,7 +315,12 @@ def run(args) -> int:
                          "final_val_loss": rows[-1]["val_loss"], "seconds": wall,
                          "cpu_seconds": cpu}
         print(f"{name}: {summary[name]}", flush=True)
-    write_table(log, data / "models" / "training_log.csv")
+    log_path = data / "models" / "training_log.csv"
+    if log_path.is_file():  # keep the curves of the models not retrained this time
+        with open(log_path, newline="", encoding="utf-8") as f:
+            kept = [row for row in csv.DictReader(f) if row["model"] not in results]
+        log = kept + log
+    write_table(log, log_path)
     load["loadavg_end"] = os.getloadavg()
     record = {"benchmark": "course_models_training", "model": ",".join(args.models),
               "seconds": seconds, "total_seconds": time.perf_counter() - start,

@@ -6,6 +6,8 @@ the model is large) and the tokenizer files (``tokenizer.json``, ``tokenizer_con
 ``inferlab.model.llama.Llama`` uses the same parameter names, so loading is a matter of reading each
 tensor by name, in the dtype and on the device you choose. Models with tied embeddings (the
 small Qwen2.5 ones) store no ``lm_head.weight``: the output projection is the embedding table.
+A Mixtral-layout checkpoint (``model_type`` "mixtral", such as the course's ``course-moe``) loads
+as ``inferlab.model.moe.MoELlama``, which runs wherever the dense model does.
 
     path = checkpoint_path("course-target")   # or "Qwen/Qwen2.5-0.5B": downloaded (Colab)
     model = load_checkpoint(path)               # the checkpoint's dtype; or dtype=, device=
@@ -37,6 +39,7 @@ from inferlab.model.generate import check_vocabulary
 from inferlab.model.generate import generate_text  # noqa: F401  (re-exported for Colab users)
 from inferlab.model.llama import Llama
 from inferlab.model.config import ModelConfig
+from inferlab.model.moe import load_moe_checkpoint
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -154,6 +157,8 @@ def load_checkpoint(path: str | Path, dtype=None, device: str | torch.device = "
     """
     path = Path(path)
     hf = _read_config(path)
+    if hf.get("model_type") == "mixtral":  # a mixture of experts: the same attention, routed MLPs
+        return load_moe_checkpoint(path, dtype, device)
     _warn_unsupported(hf)
     config = _model_config(path, hf)
     state = load_state_dict(path, dtype, device)

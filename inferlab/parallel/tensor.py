@@ -165,3 +165,16 @@ def shard_model(model: Llama, rank: int, world_size: int, all_reduce=None) -> Ll
 def all_reduce_bytes_per_token(config: ModelConfig, bytes_per_element: int) -> int:
     """Bytes each rank puts into all-reduces per token: 2 per layer, each d elements wide."""
     return 2 * config.n_layers * config.d_model * bytes_per_element
+
+
+def split_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, rank: int,
+              world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s slices of one SwiGLU MLP's weights (``nn.Linear`` layout, (out, in)).
+
+    gate and up (F, d) are column-parallel: the rank's F / N output rows; down (d, F) is
+    row-parallel: the same F / N input columns. Then down_r(silu(gate_r x) * up_r x) summed over
+    the ranks is the whole MLP's output (what ``shard_state`` does inside a model).
+    """
+    F_r = gate.shape[0] // world_size
+    ffn = slice(rank * F_r, (rank + 1) * F_r)
+    return gate[ffn], up[ffn], down[:, ffn]
