@@ -4,7 +4,10 @@ Read in this order: ``config`` (``ServingConfig``, the one object of sizes every
 ``request`` (a request, the check every front door runs on it, the sequence the engine makes of
 it, its longest length), ``block_manager`` (blocks, block tables, the paged memory the scheduler
 admits through), ``reservation`` (the contiguous reservations paging replaced, with the same
-interface), ``scheduler`` (who prefills, decodes or is preempted each step), ``paged_cache``
+interface), ``step`` (what one iteration runs: its prefills, decodes, chunks and
+preemptions), ``scheduler`` (the queues and the only actions that change a sequence),
+``policies`` (who prefills, decodes or is preempted each step: continuous, chunked, static and
+dynamic batching, written with those actions), ``paged_cache``
 (the K/V pool and each forward's attention metadata; ``paged_int8``, the same pool in int8
 codes with scales), ``paged_attention`` (attention read in place on any device;
 ``paged_triton``, the fused GPU kernel), ``ragged`` (rows of any length packed into one forward
