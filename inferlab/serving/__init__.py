@@ -14,8 +14,9 @@ codes with scales), ``paged_attention`` (attention read in place on any device;
 pass: the metadata every engine forward is built with), ``sampling`` (the next token from the
 logits: greedy, or a seeded draw at a temperature), ``runner`` (the engine's one forward:
 ``forward(rows)``, rows of a sequence and its new tokens), ``loop`` (the loop every run goes
-through, one ``StepLoop`` a step at a time, the ``Iteration`` log of forward passes, and the
-``Run`` it returns), ``engine``
+through, one ``StepLoop`` a step at a time, and its clocks), ``iteration`` (the log of a run:
+an ``Iteration`` a step, its ``Forward`` passes and their ``Row``s), ``run`` (the ``Run`` a
+loop returns: a ``Result`` per request), ``engine``
 (``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput, the largest gap
 between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start, and the memory
 manager that admits through it), ``online`` (the engine stepped by a background loop while
