@@ -19,7 +19,7 @@ from inferlab.serving.engine import Engine, serve
 from inferlab.serving.online import OnlineEngine
 from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, Request, Sequence,
                                       validate_request)
-from inferlab.serving.sampling import GREEDY_BELOW, sample, truncate
+from inferlab.serving.sampling import GREEDY_BELOW, DeviceGenerators, sample, truncate
 
 from conftest import tiny_model
 
@@ -198,6 +198,21 @@ def test_sampling_never_gives_nan_for_any_accepted_temperature():
     hot = torch.Generator().manual_seed(4)  # a row without a generator does not draw (a chunk)
     assert sample(logits[3:5], temps[3:5], [None, hot])[0] == greedy[3]
     assert not torch.equal(hot.get_state(), state)
+
+
+def test_a_faulty_row_is_refused_even_beside_sampled_rows():
+    logits = torch.randn(3, 64)
+    logits[1, 5] = float("nan")
+    temps = torch.tensor([1.0, 1.0, 0.0])
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    with pytest.raises(ValueError, match=r"not finite in rows \[1\]"):
+        sample(logits, temps, gens)
+
+
+def test_on_the_cpu_a_sequence_draws_from_its_own_generator():
+    seq = Sequence.of(0, Request((1, 2, 3), 3, temperature=1.0, seed=7))
+    assert DeviceGenerators("cpu")(seq) is seq.generator
+    assert DeviceGenerators("cpu")(Sequence.of(1, Request((1, 2), 3))) is None
 
 
 def test_top_k_and_top_p_sample_among_the_likeliest_tokens_only():

@@ -11,7 +11,7 @@ the scheduler both read the block size from it, so they cannot disagree about it
 vLLM calls the budget ``max_num_batched_tokens``): every step is then ONE forward pass of at
 most that many tokens, filled first by the running decodes (one token each) and then by prefill
 chunks, oldest request first, so that a prompt may span several steps. A budget alone
-selects ``policy="chunked"`` (``inferlab.serving.scheduler.chunked_policy``); a policy function
+selects ``policy="chunked"`` (``inferlab.serving.policies.chunked_policy``); a policy function
 of one's own may use it too. Without it, a step prefills each admitted prompt whole, in a forward pass of its
 own, before the decode batch (the engine of Chapter 4).
 

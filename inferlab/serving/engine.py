@@ -36,7 +36,8 @@ from inferlab.serving import paged_cache
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
 from inferlab.serving.runner import ModelRunner
-from inferlab.serving.scheduler import Scheduler, resolve_policy
+from inferlab.serving.policies import resolve_policy
+from inferlab.serving.scheduler import Scheduler
 
 # Share of the device's free memory that serve() may give the KV pool when it sizes it.
 POOL_MEMORY_FRACTION = 0.8

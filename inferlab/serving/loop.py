@@ -23,11 +23,12 @@ the decode batch: the runner computes their rows and the loop drops what they pr
 
 Every step is logged as an ``Iteration`` of the same shape whatever the policy: its forward
 passes, each with its rows (sequence, new tokens, cached tokens, prompt work or a decode) and
-its seconds.
+its seconds (``inferlab.serving.iteration``).
 
-What a run returns is a ``Run``: one ``Result`` per request in the order given (its tokens and
-timings, or the error that refused it), the ``Iteration`` log, the preemptions and a
-``summary()`` in the metrics of ``inferlab.serving.metrics``.
+What a run returns is a ``Run`` (``inferlab.serving.run``): one ``Result`` per request in the
+order given (its tokens and timings, or the error that refused it), the ``Iteration`` log, the
+preemptions and a ``summary()`` in the metrics of ``inferlab.serving.metrics``. Both modules'
+names can be imported from here too.
 """
 
 from __future__ import annotations
@@ -35,119 +36,17 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
-from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Clock, Runner
-from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
+from inferlab.serving.iteration import Forward, Iteration, Row
 from inferlab.serving.request import Request, Sequence, Status
-from inferlab.serving.scheduler import Scheduler, Step
+from inferlab.serving.run import Result, Run, collect_results
+from inferlab.serving.scheduler import Scheduler
+from inferlab.serving.step import Step
 
-
-@dataclass(frozen=True)
-class Result:
-    """What came back for one request: its tokens and timings, or the error that refused it."""
-
-    request_id: object
-    prompt: tuple[int, ...]
-    tokens: tuple[int, ...]           # the generated tokens (the prompt not included)
-    timing: RequestTiming | None      # None for a refused request
-    num_preemptions: int = 0
-    error: str | None = None
-    finish_reason: str | None = None  # "stop" (end-of-sequence token) or "length"
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-class Row(NamedTuple):
-    """One row of a forward pass: a sequence and the tokens it ran."""
-
-    seq_id: int
-    new: int        # tokens run through the model this forward
-    cached: int     # tokens before them whose K/V the cache already held
-    prefill: bool   # prompt work (a whole prompt, a chunk, a recompute); False: one decode
-
-
-@dataclass(frozen=True)
-class Forward:
-    """One forward pass as it ran: its rows and how long it took."""
-
-    rows: tuple[Row, ...]
-    seconds: float
-
-    @property
-    def prefill_share(self) -> float:
-        """The share of this forward's tokens that were prompt work (a decode row is one
-        token, a prefill row its new tokens): how its time splits between the two phases."""
-        prompt = sum(r.new for r in self.rows if r.prefill)
-        return prompt / (prompt + sum(not r.prefill for r in self.rows))
-
-
-@dataclass(frozen=True)
-class Iteration:
-    """One step of the loop as it ran: its forward passes, in order, and what the step changed.
-
-    Every policy logs the same shape. Without a token budget a step is a forward per prefill
-    (one row each, a whole prompt), then one forward for the decode batch; with one, the whole
-    step is one forward whose rows are the decodes and the prefill chunks. ``padding_ids`` are
-    the decode rows of finished sequences a static batch keeps (computed, their tokens dropped).
-    """
-
-    start_s: float
-    forwards: tuple[Forward, ...]
-    preempted: tuple[int, ...]
-    free_blocks: int                              # after the step's allocations
-    padding_ids: tuple[int, ...] = ()
-
-    @property
-    def rows(self) -> list[Row]:
-        return [row for f in self.forwards for row in f.rows]
-
-    @property
-    def prefill_rows(self) -> list[Row]:
-        """The rows that did prompt work (whole prompts or chunks)."""
-        return [row for row in self.rows if row.prefill]
-
-    @property
-    def decode_ids(self) -> tuple[int, ...]:
-        """Sequences that decoded a token this step (padding rows not included)."""
-        pad = set(self.padding_ids)
-        return tuple(r.seq_id for r in self.rows if not r.prefill and r.seq_id not in pad)
-
-    @property
-    def decode_batch(self) -> int:
-        """Decode rows, padding included."""
-        return sum(not r.prefill for r in self.rows)
-
-    @property
-    def busy_s(self) -> float:
-        return sum(f.seconds for f in self.forwards)
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.busy_s
-
-
-@dataclass
-class Run:
-    """A serving run: one ``Result`` per request (in the order given), the iteration log, the
-    preemptions, and the configuration it ran with (``num_blocks`` filled in)."""
-
-    results: list[Result]
-    iterations: list[Iteration] = field(default_factory=list)
-    num_preemptions: int = 0
-    config: ServingConfig | None = None
-
-    @property
-    def timings(self) -> list[RequestTiming | None]:
-        return [r.timing for r in self.results]
-
-    def summary(self, slo: SLO | None = None) -> Summary:
-        """Throughput and latency percentiles over the requests that completed."""
-        return summarize([r.timing for r in self.results if r.ok], slo)
+__all__ = ["Forward", "Iteration", "Result", "Row", "Run", "StepLoop", "VirtualClock",
+           "WallClock", "collect_results", "drive"]  # the log and the run, re-exported
 
 
 class WallClock(Clock):
@@ -380,20 +279,3 @@ def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, cl
     while not loop.done:
         loop.step()
     return loop.stamps
-
-
-def collect_results(requests: list[Request], refused: dict[int, str], scheduler: Scheduler,
-                    stamps: dict[int, list[float]]) -> list[Result]:
-    """One ``Result`` per request, in the order given; sequence ids index ``requests``."""
-    done = {seq.seq_id: seq for seq in scheduler.finished}
-    results = []
-    for i, r in enumerate(requests):
-        rid = i if r.request_id is None else r.request_id
-        if i in refused:
-            results.append(Result(rid, r.prompt, (), None, 0, refused[i]))
-            continue
-        seq = done[i]
-        results.append(Result(rid, r.prompt, tuple(seq.output),
-                              RequestTiming(r.arrival_s, tuple(stamps[i])), seq.num_preemptions,
-                              finish_reason=seq.finish_reason))
-    return results

@@ -320,7 +320,7 @@ class OnlineEngine:
             for token in seq.output[stream.num_sent:]:
                 stream._push(token)
             stream.num_sent = len(seq.output)
-            if seq.is_done and not seq.held:
+            if seq.is_done and not self.scheduler.holds(seq):
                 del self._live[seq_id]
                 stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
                 self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing

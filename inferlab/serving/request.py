@@ -195,7 +195,6 @@ class Sequence:
     table: BlockTable | None = None
     num_preemptions: int = 0
     eos_token_ids: frozenset[int] = frozenset()
-    held: bool = False  # kept in the batch once done (static batching's padding rows)
     num_computed: int = 0  # leading tokens whose K/V the cache holds (0 after a preemption)
     temperature: float = 0.0  # 0: greedy
     generator: torch.Generator | None = None  # its own random stream when temperature > 0

@@ -12,8 +12,8 @@ The rows' new tokens are packed end to end in one row (1, N) (``inferlab.serving
 inputs (token ids, positions) and the attention metadata (slots, block tables, context
 lengths, masks) are built once from Python lists, reach the device in one copy, and are bound
 to the cache before the forward for every layer to read. The logits are computed at each row's
-last token only, and sampled (``inferlab.serving.sampling``): greedy unless the sequence asks
-for a temperature. A row that leaves part of its prompt for later (a chunk) draws nothing from
+last token only, and sampled on the device (``inferlab.serving.sampling``): greedy unless the
+sequence asks for a temperature, with the sequence's own generator on the cache's device. A row that leaves part of its prompt for later (a chunk) draws nothing from
 its sequence's generator (its token is dropped), so a seeded request's tokens do not depend on
 how its prompt was chunked.
 
@@ -27,7 +27,7 @@ import torch
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Sequence
-from inferlab.serving.sampling import sample, sampling_inputs
+from inferlab.serving.sampling import DeviceGenerators, sample, sampling_inputs
 
 
 class ModelRunner(Runner):
@@ -35,6 +35,7 @@ class ModelRunner(Runner):
 
     def __init__(self, model, cache: PagedKVCache):
         self.model, self.cache = model, cache
+        self.generators = DeviceGenerators(cache.k.device)  # each sequence's stream, there
 
     def prepare(self, rows: list[tuple[Sequence, int]]):
         """Input ids and positions (1, N) of one forward: each row's next ``n`` tokens; the
@@ -54,4 +55,5 @@ class ModelRunner(Runner):
         ids, positions, last = self.prepare(rows)
         logits = self.model(ids, positions, self.cache, logits_at=last)[0]  # (rows, V)
         seqs = [s for s, _ in rows]
-        return sample(logits, *sampling_inputs(seqs, [n == s.num_uncomputed for s, n in rows]))
+        emits = [n == s.num_uncomputed for s, n in rows]
+        return sample(logits, *sampling_inputs(seqs, emits, self.generators))
