@@ -9,6 +9,7 @@ count) are rebuilt here and must agree to the precision the source printed.
 """
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,12 @@ def test_gptfast_runs_near_the_bandwidth_its_capped_gpu_reaches():
     capped = quote("gptfast_power_cap").values[1] * 1e9
     assert formulas.bandwidth_utilisation(step, 1 / tps, capped) == pytest.approx(0.82, abs=0.01)
     assert formulas.bandwidth_utilisation(step, 1 / tps, 2039e9) == pytest.approx(0.68, abs=0.01)
+
+
+def test_the_bibliography_parses_as_the_book_build_reads_it():
+    """A merged entry without its closing brace stops the whole book build; find it here first."""
+    import pybtex.database
+
+    db = pybtex.database.parse_file(str(Path(__file__).resolve().parent.parent / "book"
+                                        / "references.bib"))
+    assert len(db.entries) > 100
