@@ -15,7 +15,7 @@ from inferlab.analysis.cost_calculator import calculate, plot_calculation
 from inferlab.analysis.figures import figure_problems
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
-from inferlab.sim.steady_state import measure, Workload
+from inferlab.sim.steady_state import Workload, measure, simulated
 
 
 def test_floor_matches_a_hand_computation_llama2_7b_on_a100_batch_1():
@@ -85,8 +85,8 @@ def test_precision_moves_bytes_and_groups_hold_the_model():
 
 def test_the_hour_is_split_between_input_and_output_without_loss():
     case = tc.CostCase(prompt=400, output=100)
-    w = measure(Workload.fixed(400, 100).requests(600, 10.0), case.costs(), case.serving(),
-                case.slo)
+    w = measure(Workload.fixed(400, 100).requests(600, 10.0),
+                simulated(case.costs(), case.serving()), case.slo)
     usd_in, usd_out = tc.window_costs(w, 3.6)
     busy = (w.prefill_s + w.decode_s) / w.duration_s
     spent = (usd_in * w.achieved_in_tok_s + usd_out * w.achieved_out_tok_s) / 1e6  # $ per s
@@ -122,7 +122,7 @@ def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
     first = capacity.probes[0].history[0]
     again = measure(Workload.fixed(case.prompt, case.output).requests(first.n_requests,
                                                                       capacity.probes[0].rate),
-                    case.costs(), case.serving(), case.slo)
+                    simulated(case.costs(), case.serving()), case.slo)
     assert again == first, "run python -m inferlab.analysis.token_cost --write"
 
 
@@ -169,10 +169,10 @@ def test_a_chunked_run_splits_its_forwards_between_prefill_and_decode():
 
     case = tc.CostCase(prompt=400, output=100)
     requests = Workload.fixed(400, 100).requests(600, 10.0)
-    whole = measure(requests, case.costs(), case.serving(), case.slo)
+    whole = measure(requests, simulated(case.costs(), case.serving()), case.slo)
     config = ServingConfig(num_blocks=case.serving().num_blocks, max_batch=256,
                            policy="chunked", token_budget=256)
-    chunked = measure(requests, case.costs(), config, case.slo)   # warm-up 0.2, cool-down 0.1
+    chunked = measure(requests, simulated(case.costs(), config), case.slo)   # warm-up 0.2, cool-down 0.1
     end = max(r.arrival_s for r in requests)
     busy = sum(it.end_s - it.start_s for it in simulate(requests, case.costs(), config).iterations
                if 0.2 * end <= it.start_s < 0.9 * end)

@@ -41,7 +41,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
-    capacity_from_dict, capacity_to_dict)
+    capacity_from_dict, capacity_to_dict, saturation_estimate, simulated)
 from inferlab.sim.workloads import Workload
 
 MILLION = 1e6
@@ -223,8 +223,13 @@ class CostCase:
         """The simulator's search (``capacity_at_slo``, settings ``SEARCH``, which keyword
         arguments override)."""
         kw = {**SEARCH, **kw}
-        return capacity_at_slo(Workload.fixed(self.prompt, self.output), self.costs(),
-                               self.serving(), self.slo, self.target, **kw)
+        workload, costs, config = self.workload(), self.costs(), self.serving()
+        start = kw.pop("start", None) or 0.5 * saturation_estimate(workload, costs, config)
+        return capacity_at_slo(workload, simulated(costs, config), self.slo, start,
+                               self.target, **kw)
+
+    def workload(self) -> Workload:
+        return Workload.fixed(self.prompt, self.output)
 
     def priced(self, capacity: SLOCapacity, usd_per_device_hour: float) -> SimulatedCost:
         return SimulatedCost(capacity.rate, capacity.window, usd_per_device_hour * self.devices)
