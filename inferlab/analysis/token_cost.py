@@ -286,7 +286,8 @@ def write(cases=None, progress=print) -> dict:
     for case in cases or chapter_cases():
         cap = case.capacity()
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
-                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes)")
+                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes), batch "
+                 f"held by {case.limit(cap) if cap.state else '-'}", flush=True)
         record["cases"].append({"case": asdict(case), "inputs": inputs(case),
                                 "capacity": capacity_to_dict(cap)})
     out = data_path("hardware.csv").parent / "simulations" / NAME
