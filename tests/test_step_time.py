@@ -135,9 +135,9 @@ def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
     config = ModelConfig.from_name("tiny")
     roof = StepModel.for_roof(config, 50e9, 10e9, "float32")
     truth = replace(roof, overhead_s=2e-3, efficiency=0.4)
-    shapes = [("prefill", t, 0) for t in (8, 16, 32, 64, 128, 256)] + \
-        [("decode", n, n * c) for n in (1, 4, 16, 64) for c in (16, 128)]
-    samples = [Sample(k, a, b, 0.0) for k, a, b in shapes]
+    samples = [Sample(((t, 0),), 0, 0, 0.0) for t in (8, 16, 32, 64, 128, 256)] + \
+        [Sample((), n, n * c, 0.0) for n in (1, 4, 16, 64) for c in (16, 128)] + \
+        [Sample(((t, c),), n, n * 64, 0.0) for t in (16, 64) for c in (0, 32) for n in (2, 8)]
     samples = [replace(s, seconds=truth.seconds(s.shape())) for s in samples]
     got = fit(roof, samples)
     assert got.overhead_s == pytest.approx(2e-3, rel=1e-6)

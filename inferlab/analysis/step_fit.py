@@ -30,22 +30,50 @@ from inferlab.sim.simulator import FittedCosts, _nonnegative_lstsq
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured step: its shape, as the simulator's cost model sees it, and its seconds."""
+    """One measured forward, as the simulator's cost model sees it: prompt ``chunks`` of (new,
+    cached) tokens beside ``batch`` decodes over ``context`` tokens, and its seconds."""
 
-    kind: str           # "prefill" (tokens, 0) or "decode" (batch, context tokens)
-    a: int
-    b: int
+    chunks: tuple[tuple[int, int], ...]
+    batch: int
+    context: int
     seconds: float
 
+    @property
+    def kind(self) -> str:
+        if not self.chunks:
+            return "decode"
+        return "prefill" if self.batch == 0 and len(self.chunks) == 1 \
+            and self.chunks[0][1] == 0 else "mixed"
+
     def shape(self) -> Shape:
-        return Shape.of_rows([(self.a, 0)]) if self.kind == "prefill" else \
-            Shape.decode(self.a, self.b)
+        return Shape.of_rows(self.chunks) + Shape.decode(self.batch, self.context)
+
+    def label(self) -> str:
+        if self.kind == "prefill":
+            return f"prefill {self.chunks[0][0]}"
+        what = f"decode {self.batch} x {self.context // max(1, self.batch)}"
+        return what if self.kind == "decode" else \
+            f"{sum(n for n, _ in self.chunks)} chunk + {what}"
 
 
 def samples_of(costs: FittedCosts) -> list[Sample]:
     """The measured steps behind a ``measure_costs`` fit."""
-    return ([Sample("prefill", t, 0, s) for t, s in costs.prefill_samples]
-            + [Sample("decode", n, c, s) for n, c, s in costs.decode_samples])
+    return ([Sample(((t, 0),), 0, 0, s) for t, s in costs.prefill_samples]
+            + [Sample((), n, c, s) for n, c, s in costs.decode_samples])
+
+
+def samples_from_iterations(iterations) -> list[Sample]:
+    """The forwards an engine run logged (``Run.iterations``): whole prefills, decode steps
+    and chunked steps."""
+    out = []
+    for it in iterations:
+        out += [Sample(((n, 0),), 0, 0, s) for _, n, s in it.prefills]
+        if it.chunks:
+            out.append(Sample(tuple((n, c) for _, n, c in it.chunks), it.decode_batch,
+                              it.decode_context, it.decode_s))
+        elif it.decode_ids:
+            out.append(Sample((), it.decode_batch, it.decode_context, it.decode_s))
+    return out
 
 
 def fit(roof: StepModel, samples: list[Sample]) -> StepModel:
@@ -59,7 +87,17 @@ def fit(roof: StepModel, samples: list[Sample]) -> StepModel:
 
 
 def _predict_fitted(costs: FittedCosts, s: Sample) -> float:
-    return costs.prefill_s(s.a) if s.kind == "prefill" else costs.decode_s(s.a, s.b)
+    if s.kind == "prefill":
+        return costs.prefill_s(s.chunks[0][0])
+    return costs.step_s(s.chunks, s.batch, s.context)
+
+
+def _fit_costs(samples: list[Sample]) -> FittedCosts:
+    return FittedCosts.fit([(s.chunks[0][0], s.seconds) for s in samples if s.kind == "prefill"],
+                           [(s.batch, s.context, s.seconds) for s in samples
+                            if s.kind == "decode"],
+                           mixed=[(s.chunks, s.batch, s.context, s.seconds) for s in samples
+                                  if s.kind == "mixed"])
 
 
 @dataclass(frozen=True)
@@ -89,8 +127,7 @@ class Agreement:
                  f"{m.efficiency:.1%} of the probed roof",
                  f"{'step':>22s} {'measured':>10s} {'StepModel':>10s} {'FittedCosts':>12s}"]
         for s, e1, e2 in zip(self.held_out, self.step_model_errors, self.fitted_costs_errors):
-            what = f"prefill {s.a}" if s.kind == "prefill" else f"decode {s.a} x {s.b // s.a}"
-            lines.append(f"{what:>22s} {s.seconds * 1e3:8.2f}ms {e1:+10.1%} {e2:+12.1%}")
+            lines.append(f"{s.label():>22s} {s.seconds * 1e3:8.2f}ms {e1:+10.1%} {e2:+12.1%}")
         lines.append(f"mean |error| on held-out shapes: StepModel {self.step_model_mean:.1%}, "
                      f"FittedCosts {self.fitted_costs_mean:.1%}")
         return "\n".join(lines)
@@ -99,17 +136,24 @@ class Agreement:
 def agreement(roof: StepModel, samples: list[Sample]) -> Agreement:
     """Fit both models on every other sample of each kind; compare on the rest."""
     train, test = [], []
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "mixed"):
         mine = [s for s in samples if s.kind == kind]
         train += mine[0::2]
         test += mine[1::2]
     model = fit(roof, train)
-    fitted = FittedCosts.fit([(s.a, s.seconds) for s in train if s.kind == "prefill"],
-                             [(s.a, s.b, s.seconds) for s in train if s.kind == "decode"])
+    fitted = _fit_costs(train)
     err = lambda p, s: p / s.seconds - 1  # noqa: E731
     return Agreement(model, tuple(test),
                      tuple(err(model.seconds(s.shape()), s) for s in test),
                      tuple(err(_predict_fitted(fitted, s), s) for s in test))
+
+
+def cpu_roof(config, threads: int | None = None) -> StepModel:
+    """``config`` on this CPU's probed roof (float32 bandwidth and matmul throughput)."""
+    from inferlab.analysis.hardware import measure_bandwidth, measure_peak_flops
+
+    return StepModel.for_roof(config, measure_peak_flops("float32", "cpu").value,
+                              measure_bandwidth("cpu").value, "float32")
 
 
 def measure(model_name: str = "tiny", prefill_lens=(8, 16, 32, 64, 96, 128),
@@ -117,16 +161,13 @@ def measure(model_name: str = "tiny", prefill_lens=(8, 16, 32, 64, 96, 128),
     """Probe this CPU's roof, time the engine's steps (``measure_costs``) and compare."""
     import torch
 
-    from inferlab.analysis.hardware import measure_bandwidth, measure_peak_flops
     from inferlab.model.llama import build_model
     from inferlab.sim.simulator import measure_costs
 
     torch.set_num_threads(threads)
     model = build_model(model_name, seed=0)
-    bw = measure_bandwidth("cpu").value
-    peak = measure_peak_flops("float32", "cpu").value
-    roof = StepModel.for_roof(model.config, peak, bw, "float32")
-    return agreement(roof, samples_of(measure_costs(model, prefill_lens, batches, contexts)))
+    return agreement(cpu_roof(model.config),
+                     samples_of(measure_costs(model, prefill_lens, batches, contexts)))
 
 
 def main(argv=None) -> None:
