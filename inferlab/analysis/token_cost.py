@@ -276,20 +276,31 @@ def case_key(case: CostCase) -> str:
     return json.dumps(asdict(case), sort_keys=True)
 
 
-def write(cases=None, progress=print) -> dict:
-    """Simulate ``cases`` (default ``chapter_cases()``) and store them; returns the record."""
+def _capacity(case: CostCase) -> SLOCapacity:
+    return case.capacity()
+
+
+def write(cases=None, progress=print, jobs: int = 1) -> dict:
+    """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
+    returns the record."""
+    from concurrent.futures import ProcessPoolExecutor
+
     from inferlab.measurements import git_commit
 
     record = {"provenance": {"command": "python -m inferlab.analysis.token_cost --write",
                              "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
               "cases": []}
-    for case in cases or chapter_cases():
-        cap = case.capacity()
+    cases = list(cases or chapter_cases())
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    caps = pool.map(_capacity, cases) if pool else map(_capacity, cases)
+    for case, cap in zip(cases, caps):
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
                  f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes), batch "
                  f"held by {case.limit(cap) if cap.state else '-'}", flush=True)
         record["cases"].append({"case": asdict(case), "inputs": inputs(case),
                                 "capacity": capacity_to_dict(cap)})
+    if pool:
+        pool.shutdown()
     out = data_path("hardware.csv").parent / "simulations" / NAME
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -348,11 +359,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Chapter 8's cost table.")
     parser.add_argument("--write", action="store_true",
                         help=f"recompute every case (minutes) into data/simulations/{NAME}")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for --write")
     parser.add_argument("--provider", default="CoreWeave",
                         help="whose prices (data/prices.csv) to use (default CoreWeave)")
     args = parser.parse_args(argv)
     if args.write:
-        write()
+        write(jobs=args.jobs)
     print(cost_table(args.provider))
 
 
