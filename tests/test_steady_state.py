@@ -13,6 +13,7 @@ import pytest
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, Percentiles
+from inferlab.sim import records
 from inferlab.sim import steady_state as ss
 from inferlab.sim import sweeps
 
@@ -99,7 +100,7 @@ def test_capacity_under_an_slo_sits_below_saturation():
 def test_results_survive_json():
     state = ss.steady_state(WORK, 0.5 * CAPACITY, SERVE, SLO(1.0, 0.05), n0=400,
                             n_max=1600)
-    back = ss.state_from_dict(json.loads(json.dumps(ss.state_to_dict(state))))
+    back = records.state_from_dict(json.loads(json.dumps(records.state_to_dict(state))))
     assert back == state
 
 

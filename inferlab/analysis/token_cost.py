@@ -43,8 +43,9 @@ from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
+from inferlab.sim.records import capacity_from_dict, capacity_to_dict
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
-    capacity_from_dict, capacity_to_dict, saturation_estimate, simulated)
+    saturation_estimate, simulated)
 from inferlab.sim.workloads import Workload
 
 MILLION = 1e6

@@ -6,7 +6,8 @@ Chapter 7's streams and mixed trace), ``memory_sim`` (the engine's scheduler and
 four reservation schemes, recording where KV memory goes), ``simulator`` (the same loop on a
 virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``serve`` does),
 ``steady_state`` (the one steady-state machinery: a window between warm-up and drain over any
-run, a trace grown until it stops changing, the highest rate within an SLO), ``sweeps``
+run, a trace grown until it stops changing, the highest rate within an SLO), ``records``
+(its results to JSON and back), ``sweeps``
 (Chapter 4's steady-state sweep, stored in ``data/simulations/``), ``plots`` (timelines,
 latency-throughput curves and steady states), ``disaggregation`` (a cluster of prefill, decode
 or colocated instances on one timeline, its router, KV transfers and failures), ``goodput``

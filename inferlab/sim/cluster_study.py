@@ -49,8 +49,9 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving.metrics import SLO, largest_gap
 from inferlab.sim.disaggregation import Failure, clustered, designs, simulate_cluster
 from inferlab.sim.goodput import cluster_goodput
-from inferlab.sim.steady_state import (Criterion, capacity_from_dict, capacity_to_dict,
-    state_from_dict, state_to_dict, steady_state)
+from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
+    state_to_dict)
+from inferlab.sim.steady_state import Criterion, steady_state
 from inferlab.sim.workloads import Workload
 
 NAME = "ch07_cluster.json"

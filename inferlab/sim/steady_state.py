@@ -18,29 +18,29 @@ part in between, and keeps making the trace longer until the measurement stops m
   shorter one (same seed, same first requests), so growing the trace only adds to it.
 - ``window``: one run, whatever served it, summarised over a window that leaves out the first
   ``warmup`` and the last ``cooldown`` share of the arrival period (the one warm-up and
-  cool-down rule); ``measure`` serves a trace and measures it. Offered load is what arrived in the window; achieved throughput
-  is what was produced in it (output tokens stamped, prompts prefilled, requests finished), so
-  a server that falls behind shows achieved below offered. Latencies and SLO attainment are
-  those of the requests that arrived in the window, followed to their last token.
+  cool-down rule); ``measure`` serves a trace and measures it. Offered load is what arrived in
+  the window; achieved throughput is what was produced in it (output tokens stamped, prompts
+  prefilled, requests finished), so a server that falls behind shows achieved below offered.
+  Latencies and SLO attainment are those of the requests that arrived in the window, followed
+  to their last token.
 - ``steady_state``: ``measure`` at n, 2n, 4n, ... requests until two successive lengths agree
   (``Criterion``: both of at least 800 requests; achieved over offered output tokens/s within
-  3%, p50 and p99
-  end-to-end latency within 5% and 10%, SLO attainment within 0.02, and neither falling
-  behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
+  3%, p50 and p99 end-to-end latency within 5% and 10%, SLO attainment within 0.02, and
+  neither falling behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
   at two successive lengths, by a shortfall the longer trace does not wear down, while the p99
   latency keeps growing with the trace. Every length's window is kept, as the evidence.
 - ``capacity_at_slo``: the highest offered rate whose steady state keeps ``target`` of the
   requests within an SLO (goodput's capacity, as DistServe, Zhong et al. OSDI 2024, defines it),
   found by bisection on the rate; ``sweep`` measures a list of rates.
 
-``inferlab.sim.sweeps`` runs Chapter 4's sweep with these and stores it in ``data/``.
+``inferlab.sim.records`` writes these results to JSON and reads them back; ``inferlab.sim.sweeps``
+runs Chapter 4's sweep with them and stores it in ``data/``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -328,32 +328,3 @@ def capacity_at_slo(workload: Workload, serve: Serve, slo: SLO, start: float,
         else:
             bad = state
     return SLOCapacity(good.rate, good, tuple(probes))
-
-
-# --- To and from JSON (``inferlab.sim.sweeps`` stores results in data/) -----------------------
-
-def window_to_dict(w: Window) -> dict:
-    return asdict(w)
-
-
-def window_from_dict(d: dict) -> Window:
-    return Window(**{k: Percentiles(**v) if k in ("ttft", "tpot", "latency") else v
-                     for k, v in d.items()})
-
-
-def state_to_dict(s: SteadyState) -> dict:
-    return {"rate": s.rate, "status": s.status, "history": [asdict(w) for w in s.history]}
-
-
-def state_from_dict(d: dict) -> SteadyState:
-    return SteadyState(d["rate"], d["status"], tuple(window_from_dict(w) for w in d["history"]))
-
-
-def capacity_to_dict(c: SLOCapacity) -> dict:
-    return {"rate": c.rate, "state": None if c.state is None else state_to_dict(c.state),
-            "probes": [state_to_dict(p) for p in c.probes]}
-
-
-def capacity_from_dict(d: dict) -> SLOCapacity:
-    return SLOCapacity(d["rate"], None if d["state"] is None else state_from_dict(d["state"]),
-                       tuple(state_from_dict(p) for p in d["probes"]))

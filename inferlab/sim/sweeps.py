@@ -33,9 +33,10 @@ from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState,
-    capacity_at_slo, capacity_from_dict, capacity_to_dict, simulated, state_from_dict,
-    state_to_dict, steady_state)
+from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
+    state_to_dict)
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, capacity_at_slo,
+    simulated, steady_state)
 from inferlab.sim.workloads import Workload
 
 NAME = "ch04_steady_state.json"
