@@ -6,7 +6,6 @@ they came from and against recomputation.
 """
 
 import json
-import math
 
 import pytest
 
@@ -133,12 +132,12 @@ def test_the_stored_costs_make_physical_sense(stored):
         sim = case.priced(capacity, price)
         assert sim.ok, case
         assert sim.usd_per_m_output > sim.usd_per_m_input, case   # output dearer than input
-        # no cheaper than the roofline at the largest batch the memory and max_batch allow,
-        # and as dear as the roofline at the batch it ran (its steps are timed by it)
+        # no cheaper than the roofline at the largest batch the memory and max_batch allow, and
+        # no dearer than the roofline at the batch it ran: its steps are timed by that model,
+        # and a chunked step charges its decodes only their tokens' share of it
         calc = calculate(case, price)
         assert sim.usd_per_m_output >= 0.99 * calc.at_full_memory.usd_per_m_output, case
-        assert math.isclose(sim.usd_per_m_output, calc.at_simulated_batch.usd_per_m_output,
-                            rel_tol=0.05), case
+        assert sim.usd_per_m_output <= 1.05 * calc.at_simulated_batch.usd_per_m_output, case
         assert sim.window.slo_attainment >= case.target
     bounds = [tc.CostCase(device="H100 SXM", tpot_s=t) for t in tc.TPOT_BOUNDS]
     out = [c.priced(stored[tc.case_key(c)][1], price).usd_per_m_output for c in bounds]
@@ -152,8 +151,7 @@ def test_cost_table_and_calculator(stored, capsys):
     calc = calculate(tc.CostCase())
     assert calc.stored and "simulated within the SLO" in str(calc)
     assert calc.at_batch_1.usd_per_m_output > calc.simulated.usd_per_m_output
-    assert math.isclose(calc.at_simulated_batch.usd_per_m_output,
-                        calc.simulated.usd_per_m_output, rel_tol=0.05)
+    assert calc.simulated.usd_per_m_output <= 1.05 * calc.at_simulated_batch.usd_per_m_output
     ax = plot_calculation(calc)
     assert figure_problems(ax.figure) == []
     unstored = calculate(tc.CostCase(prompt=123))
