@@ -2,20 +2,22 @@
 search, Chapter 7's workloads, and the study and benchmark that use them, at toy sizes."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from inferlab.analysis import formulas
 from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import StepModel
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Result, Run
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request
 from inferlab.sim import workloads
-from inferlab.sim.disaggregation import Cluster, Failure, designs, simulate_cluster
-from inferlab.sim.goodput import achieved_rate, attainment_curve, goodput_rate, steady_summary
-from inferlab.analysis.step_time import StepModel
+from inferlab.sim.disaggregation import Cluster, Failure, clustered, designs, simulate_cluster
+from inferlab.sim.goodput import attainment_curve, cluster_goodput
+from inferlab.sim.steady_state import Criterion, capacity_at_slo, measure, simulated
+from inferlab.sim.workloads import Workload
 from inferlab.sim.simulator import FittedCosts
 
 LLAMA13 = ModelConfig.from_name("llama-2-13b")
@@ -117,33 +119,33 @@ def test_designs_cover_every_split_at_equal_gpus():
     assert d["chunked"].colocated_config.token_budget == 512
 
 
-# -- goodput, steady state ------------------------------------------------------------------
-def fake_run(rate: float, capacity: float, n: int = 200) -> Run:
-    """Requests that meet a 1 s TTFT below ``capacity`` req/s and miss it above."""
-    results = []
-    for i in range(n):
-        arrival = i / rate
-        wait = 0.1 if rate <= capacity else 0.1 + 50 * (rate - capacity) * i / n
-        results.append(Result(i, (0,), (0, 0), RequestTiming(arrival, (arrival + wait,
-                                                                        arrival + wait + 0.01))))
-    return Run(results)
+# -- goodput: the one steady-state machinery on a cluster ----------------------------------------
+SHORT = Workload.fixed(20, 30)
+SMALL_SEARCH = dict(n0=100, n_max=800, criterion=Criterion(min_requests=200, p99_rtol=0.2))
 
 
-def test_goodput_bisection_finds_a_known_capacity():
-    slo = SLO(ttft_s=1.0, tpot_s=0.1)
-    g = goodput_rate(lambda rate: rate, lambda rate: fake_run(rate, 37.0), slo, gpus=4,
-                     name="fake", start=3.0, rel_tol=0.01)
-    assert 36.5 < g.rate <= 37.05 and g.per_gpu == pytest.approx(g.rate / 4)
-    assert g.attainment >= 0.9 and g.achieved > 0
-    assert goodput_rate(lambda r: r, lambda r: fake_run(r, -1.0), slo, start=1.0).rate == 0.0
+def test_a_cluster_is_measured_by_the_same_window_as_one_engine():
+    """One colocated instance serves a trace exactly as the simulator does, so the one window
+    gives the same numbers, except what only an engine's step log holds."""
+    reqs = SHORT.requests(300, 20.0)
+    slo = SLO(ttft_s=0.2, tpot_s=0.05)
+    alone = measure(reqs, simulated(COSTS, BASE), slo)
+    cluster = measure(reqs, clustered(Cluster(COSTS, colocated=1, colocated_config=BASE)), slo)
+    assert cluster == replace(alone, mean_batch=0.0, prefill_s=0.0, decode_s=0.0)
+    assert alone.decode_s > 0
 
 
-def test_steady_summary_skips_the_warm_up_and_achieved_rate_counts_completions():
-    run = fake_run(10.0, 100.0, n=100)  # 10 req/s for 10 s, each done 0.11 s after arriving
-    assert steady_summary(run, warmup=0.1).n_requests == 90
-    assert achieved_rate(run, warmup=0.1) == pytest.approx(10.0, rel=0.05)
-    slow = fake_run(10.0, 5.0, n=100)  # overloaded: completions lag the arrivals
-    assert achieved_rate(slow, warmup=0.1) < 9.0
+def test_cluster_goodput_is_the_one_search_divided_by_the_gpus():
+    slo = SLO(ttft_s=0.2, tpot_s=0.03)
+    one = Cluster(COSTS, colocated=1, colocated_config=BASE)
+    g = cluster_goodput(SHORT, one, slo, 50.0, **SMALL_SEARCH)
+    cap = capacity_at_slo(SHORT, simulated(COSTS, BASE), slo, 50.0, **SMALL_SEARCH)
+    assert g.rate == cap.rate > 0 and g.per_gpu == g.rate
+    assert [p.rate for p in g.capacity.probes] == [p.rate for p in cap.probes]
+    two = cluster_goodput(SHORT, Cluster(COSTS, colocated=2, colocated_config=BASE), slo,
+                          2 * g.rate, **SMALL_SEARCH)
+    assert two.gpus == 2 and two.per_gpu == pytest.approx(two.rate / 2)
+    assert two.capacity.window.slo_attainment >= 0.9
 
 
 def test_attainment_curve_counts_one_token_answers_by_their_ttft():
@@ -171,15 +173,15 @@ def test_workloads_have_their_stated_shapes():
 
 # -- the study and the benchmark, at toy sizes --------------------------------------------------
 def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
-    from inferlab.benchmarks import disaggregation_study as study
+    from inferlab.sim import cluster_study as study
 
     monkeypatch.setattr(study, "GPUS", 2)
-    rows = study.goodput_table("document", durations=(8.0,), log=lambda *a: None)
-    assert [r["design"] for r in rows] == ["colocated", "chunked", "1P1D"]
-    assert all(r["rate"] > 0 and r["attainment"] >= 0.9 for r in rows)
-    low = study.low_load(rate=0.5, duration=10.0)
-    assert low["1P1D"]["gpus"] == 2 and low["1 colocated"]["gpus"] == 1
-    f = study.failure("1P1D", 1.0, duration=10.0, at_s=5.0, down_s=1.0)
+    monkeypatch.setattr(study, "SEARCH", dict(SMALL_SEARCH, rtol=0.2))
+    monkeypatch.setattr(study, "workload", lambda kind: Workload.fixed(200, 20))
+    row = study._goodput(("document", "1P1D", study.LINK, 4.0))
+    assert row["gpus"] == 2 and row["rate"] > 0
+    assert row["capacity"]["state"]["status"] == "stable"
+    f = study.failure("1P1D", 0.5 * row["rate"])
     assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer"}
 
 

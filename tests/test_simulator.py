@@ -16,7 +16,8 @@ from inferlab.serving.metrics import static_slot_utilisation
 from inferlab.serving.request import Request
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, simulate
-from inferlab.sim.traces import TraceRow, trace_requests
+from inferlab.sim.traces import TraceRow
+from inferlab.sim.workloads import trace_requests
 
 
 def serving(num_blocks, block_size=16, max_batch=32, policy="continuous"):

@@ -13,6 +13,7 @@ import pytest
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO, Percentiles
+from inferlab.sim import records
 from inferlab.sim import steady_state as ss
 from inferlab.sim import sweeps
 
@@ -30,6 +31,7 @@ class Fixed:
 WORK = ss.Workload.fixed(8, 10)
 CONFIG = ServingConfig(num_blocks=64, max_batch=4)
 CAPACITY = 4 / (10 * 0.01)  # requests per second
+SERVE = ss.simulated(Fixed(), CONFIG)
 
 
 def test_a_longer_trace_extends_a_shorter_one_and_rates_rescale_time():
@@ -44,7 +46,7 @@ def test_a_longer_trace_extends_a_shorter_one_and_rates_rescale_time():
 
 
 def test_below_capacity_the_server_keeps_up_and_the_window_adds_up():
-    w = ss.measure(WORK.requests(2000, 0.5 * CAPACITY), Fixed(), CONFIG, SLO(1.0, 0.05))
+    w = ss.measure(WORK.requests(2000, 0.5 * CAPACITY), SERVE, SLO(1.0, 0.05))
     assert w.window_requests == pytest.approx(0.7 * 2000, rel=0.1)  # 20% warm-up, 10% drain
     assert w.achieved_out_tok_s == pytest.approx(w.offered_out_tok_s, rel=0.03)
     assert w.offered_out_tok_s == pytest.approx(10 * w.offered_req_s)
@@ -58,11 +60,11 @@ def test_below_capacity_the_server_keeps_up_and_the_window_adds_up():
 
 
 def test_a_stable_rate_converges_and_an_excessive_one_is_called_overloaded():
-    stable = ss.steady_state(WORK, 0.5 * CAPACITY, Fixed(), CONFIG, n0=400, n_max=6400)
+    stable = ss.steady_state(WORK, 0.5 * CAPACITY, SERVE, n0=400, n_max=6400)
     assert stable.status == ss.STABLE
     sizes = [w.n_requests for w in stable.history]
     assert sizes == [400 * 2**i for i in range(len(sizes))] and sizes[-2] >= 800
-    over = ss.steady_state(WORK, 2 * CAPACITY, Fixed(), CONFIG, n0=400, n_max=6400)
+    over = ss.steady_state(WORK, 2 * CAPACITY, SERVE, n0=400, n_max=6400)
     assert over.status == ss.OVERLOADED
     assert over.window.achieved_req_s == pytest.approx(CAPACITY, rel=0.05)
     # the signature of an overload: the tail grows with the trace
@@ -86,7 +88,8 @@ def test_a_warm_up_shortfall_that_wears_down_is_not_an_overload():
 
 def test_capacity_under_an_slo_sits_below_saturation():
     slo = SLO(ttft_s=0.5, tpot_s=0.05)
-    cap = ss.capacity_at_slo(WORK, Fixed(), CONFIG, slo, target=0.9, n0=400, n_max=3200)
+    cap = ss.capacity_at_slo(WORK, SERVE, slo, 0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG),
+                             target=0.9, n0=400, n_max=3200)
     assert 0.5 * CAPACITY < cap.rate < CAPACITY
     assert cap.state.stable and cap.window.slo_attainment >= 0.9
     failed = [p for p in cap.probes if p.rate > cap.rate]
@@ -95,9 +98,9 @@ def test_capacity_under_an_slo_sits_below_saturation():
 
 
 def test_results_survive_json():
-    state = ss.steady_state(WORK, 0.5 * CAPACITY, Fixed(), CONFIG, SLO(1.0, 0.05), n0=400,
+    state = ss.steady_state(WORK, 0.5 * CAPACITY, SERVE, SLO(1.0, 0.05), n0=400,
                             n_max=1600)
-    back = ss.state_from_dict(json.loads(json.dumps(ss.state_to_dict(state))))
+    back = records.state_from_dict(json.loads(json.dumps(records.state_to_dict(state))))
     assert back == state
 
 
@@ -121,7 +124,7 @@ def test_recomputing_stored_points_gives_the_stored_numbers(stored):
         state = states[-1]
         first = state.history[0]
         again = ss.measure(s.workload().requests(first.n_requests, state.rate, s.seed),
-                           s.costs(), s.serving(policy), s.slo, s.warmup, s.cooldown)
+                           s.serve(policy), s.slo, s.warmup, s.cooldown)
         assert again == first, (f"{policy} at {state.rate} req/s no longer gives the stored "
                                 "numbers: run python -m inferlab.sim.sweeps --write")
 
@@ -151,7 +154,7 @@ def test_the_steady_state_figure_has_no_problems():
     from inferlab.sim.plots import plot_steady_state
 
     states = {"continuous": ss.sweep(WORK, [0.25 * CAPACITY, 0.5 * CAPACITY, 2 * CAPACITY],
-                                     Fixed(), CONFIG, n0=400, n_max=3200)}
+                                     SERVE, n0=400, n_max=3200)}
     axes = plot_steady_state(states, title="t")
     assert figure_problems(axes[0].figure) == []
     labels = [t.get_text() for t in axes[1].get_legend().get_texts()]

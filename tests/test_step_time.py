@@ -123,3 +123,25 @@ def test_what_a_step_reads_is_formulas_decode_bytes_and_the_memory_held_includes
     model = StepModel.for_device(config, "H100 SXM", "int4 weights")
     assert model.weight_bytes_read() == formulas.decode_bytes_per_step(config, 0.5)
     assert formulas.weight_bytes(config, 0.5) >= model.weight_bytes_read()
+
+
+def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
+    """``step_fit`` fits overhead and efficiency to measured steps; on steps made by a known
+    model it gets them back, and its held-out errors are then zero."""
+    from dataclasses import replace
+
+    from inferlab.analysis.step_fit import Sample, agreement, fit
+
+    config = ModelConfig.from_name("tiny")
+    roof = StepModel.for_roof(config, 50e9, 10e9, "float32")
+    truth = replace(roof, overhead_s=2e-3, efficiency=0.4)
+    samples = [Sample(((t, 0),), 0, 0, 0.0) for t in (8, 16, 32, 64, 128, 256)] + \
+        [Sample((), n, n * c, 0.0) for n in (1, 4, 16, 64) for c in (16, 128)] + \
+        [Sample(((t, c),), n, n * 64, 0.0) for t in (16, 64) for c in (0, 32) for n in (2, 8)]
+    samples = [replace(s, seconds=truth.seconds(s.shape())) for s in samples]
+    got = fit(roof, samples)
+    assert got.overhead_s == pytest.approx(2e-3, rel=1e-6)
+    assert got.efficiency == pytest.approx(0.4, rel=1e-6)
+    report = agreement(roof, samples)
+    assert max(abs(e) for e in report.step_model_errors) < 1e-6
+    assert "held-out" in report.table()

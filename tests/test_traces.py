@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferlab.sim import traces
+from inferlab.sim import traces, workloads
 from inferlab.data import data_path
 
 
@@ -52,9 +52,9 @@ def test_loaders_subset_and_scale():
 
 
 def test_poisson_arrivals():
-    t = traces.poisson_arrivals(20_000, rate_per_s=4.0, seed=0)
+    t = workloads.poisson_arrivals(20_000, rate_per_s=4.0, seed=0)
     assert len(t) == 20_000 and all(x < y for x, y in zip(t, t[1:]))
     assert t[-1] / len(t) == pytest.approx(0.25, rel=0.03)  # mean gap 1 / rate
-    assert t == traces.poisson_arrivals(20_000, 4.0, seed=0)
+    assert t == workloads.poisson_arrivals(20_000, 4.0, seed=0)
     with pytest.raises(ValueError):
-        traces.poisson_arrivals(3, 0.0)
+        workloads.poisson_arrivals(3, 0.0)

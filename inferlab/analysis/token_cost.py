@@ -9,7 +9,9 @@ Two ways to get the tokens per second, which the cost calculator puts side by si
   tokens; a prefill of a P-token prompt serves P input tokens.
 - ``CostCase.simulate``: the steady-state simulator (``inferlab.sim.steady_state``): the
   highest Poisson arrival rate at which ``target`` of the requests meet the SLO, with every
-  step timed by the same model. Its window logs how much of the device's time went to
+  step timed by the same model. The simulated engine schedules as current engines do by
+  default: chunked prefill under a token budget, decodes first (vLLM V1 always does;
+  SGLang unless its chunked-prefill size is -1), the budget ``token_budget`` OUR choice. Its window logs how much of the device's time went to
   prefills and to decode steps; the hour's price is split between input and output tokens in
   that proportion, which is why output tokens come out dearer (a prefill reads the weights
   once for a whole prompt, a decode step once for one token of each sequence in the batch).
@@ -33,6 +35,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from inferlab.analysis import formulas
+from inferlab.analysis.cost_limits import BatchLimit, batch_limit
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 from inferlab.analysis.step_time import PRECISIONS as _ALL, Precision, StepModel, precision
 from inferlab.analysis.prices import DevicePrice, device_price
@@ -40,8 +43,9 @@ from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
+from inferlab.sim.records import capacity_from_dict, capacity_to_dict
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
-    capacity_from_dict, capacity_to_dict)
+    saturation_estimate, simulated)
 from inferlab.sim.workloads import Workload
 
 MILLION = 1e6
@@ -173,6 +177,7 @@ class CostCase:
     tpot_s: float = 0.05
     target: float = 0.9            # share of requests within the SLO
     max_batch: int = 256
+    token_budget: int = 2048       # tokens per chunked step (vLLM's max_num_batched_tokens)
 
     def config(self) -> ModelConfig:
         return ModelConfig.from_name(self.model)
@@ -202,7 +207,17 @@ class CostCase:
         if blocks * BLOCK_SIZE < self.prompt + self.output:
             raise ValueError(f"{config.name} at {self.precision} leaves no room for one request "
                              f"on {self.group_name}")
-        return ServingConfig(num_blocks=blocks, max_batch=self.max_batch)
+        return ServingConfig(num_blocks=blocks, max_batch=self.max_batch, policy="chunked",
+                             token_budget=self.token_budget)
+
+    def fits(self) -> int:
+        """Requests of this case's lengths that the KV blocks hold at once."""
+        config = self.serving()
+        return config.num_blocks * config.block_size // (self.prompt + self.output)
+
+    def limit(self, capacity: SLOCapacity) -> BatchLimit:
+        """What held the batch down in ``capacity`` (``inferlab.analysis.cost_limits``)."""
+        return batch_limit(capacity, self.max_batch, self.fits(), self.ttft_s, self.tpot_s)
 
     @property
     def slo(self) -> SLO:
@@ -223,8 +238,13 @@ class CostCase:
         """The simulator's search (``capacity_at_slo``, settings ``SEARCH``, which keyword
         arguments override)."""
         kw = {**SEARCH, **kw}
-        return capacity_at_slo(Workload.fixed(self.prompt, self.output), self.costs(),
-                               self.serving(), self.slo, self.target, **kw)
+        workload, costs, config = self.workload(), self.costs(), self.serving()
+        start = kw.pop("start", None) or 0.5 * saturation_estimate(workload, costs, config)
+        return capacity_at_slo(workload, simulated(costs, config), self.slo, start,
+                               self.target, **kw)
+
+    def workload(self) -> Workload:
+        return Workload.fixed(self.prompt, self.output)
 
     def priced(self, capacity: SLOCapacity, usd_per_device_hour: float) -> SimulatedCost:
         return SimulatedCost(capacity.rate, capacity.window, usd_per_device_hour * self.devices)
@@ -257,19 +277,31 @@ def case_key(case: CostCase) -> str:
     return json.dumps(asdict(case), sort_keys=True)
 
 
-def write(cases=None, progress=print) -> dict:
-    """Simulate ``cases`` (default ``chapter_cases()``) and store them; returns the record."""
+def _capacity(case: CostCase) -> SLOCapacity:
+    return case.capacity()
+
+
+def write(cases=None, progress=print, jobs: int = 1) -> dict:
+    """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
+    returns the record."""
+    from concurrent.futures import ProcessPoolExecutor
+
     from inferlab.measurements import git_commit
 
     record = {"provenance": {"command": "python -m inferlab.analysis.token_cost --write",
                              "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
               "cases": []}
-    for case in cases or chapter_cases():
-        cap = case.capacity()
+    cases = list(cases or chapter_cases())
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    caps = pool.map(_capacity, cases) if pool else map(_capacity, cases)
+    for case, cap in zip(cases, caps):
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
-                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes)")
+                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes), batch "
+                 f"held by {case.limit(cap) if cap.state else '-'}", flush=True)
         record["cases"].append({"case": asdict(case), "inputs": inputs(case),
                                 "capacity": capacity_to_dict(cap)})
+    if pool:
+        pool.shutdown()
     out = data_path("hardware.csv").parent / "simulations" / NAME
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -304,21 +336,23 @@ def stored_capacity(case: CostCase) -> SLOCapacity:
 def cost_table(provider: str | None = "CoreWeave") -> str:
     """Chapter 8's table: each model on each device, floor and simulated, at today's prices."""
     lines = [f"{'model':12s} {'devices':>18s} {'$/h':>7s} {'req/s':>6s} {'batch':>6s} "
-             f"{'$/M in':>7s} {'$/M out':>8s} {'floor out':>9s}  price"]
+             f"{'$/M in':>7s} {'$/M out':>8s} {'floor out':>9s}  {'batch held by':15s}  price"]
     for model in TABLE_MODELS:
         for device in TABLE_DEVICES:
             case = CostCase(model=model, device=device)
             price = case.price(provider)
-            sim = case.priced(stored_capacity(case), price.usd_per_hour)
+            capacity = stored_capacity(case)
+            sim = case.priced(capacity, price.usd_per_hour)
             floor = case.floor(max(1, round(sim.batch)), price.usd_per_hour)
             lines.append(f"{model:12s} {case.group_name:>18s} {sim.usd_per_hour:7.2f} "
                          f"{sim.rate:6.2f} {sim.batch:6.1f} {sim.usd_per_m_input:7.3f} "
                          f"{sim.usd_per_m_output:8.3f} {floor.usd_per_m_output:9.3f}  "
-                         f"{price.label()}")
+                         f"{str(case.limit(capacity)):15s}  {price.label()}")
     c = CostCase()
     lines.append(f"(prompt {c.prompt}, output {c.output} tokens; SLO TTFT <= {c.ttft_s:g} s, "
-                 f"TPOT <= {c.tpot_s * 1e3:g} ms for {c.target:.0%}; bf16; 'floor out' is the "
-                 "roofline cost of output at the simulated batch)")
+                 f"TPOT <= {c.tpot_s * 1e3:g} ms for {c.target:.0%}; bf16; chunked prefill, "
+                 f"{c.token_budget} tokens a step; 'floor out' is the roofline cost of output "
+                 "at the simulated batch)")
     return "\n".join(lines)
 
 
@@ -326,11 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Chapter 8's cost table.")
     parser.add_argument("--write", action="store_true",
                         help=f"recompute every case (minutes) into data/simulations/{NAME}")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for --write")
     parser.add_argument("--provider", default="CoreWeave",
                         help="whose prices (data/prices.csv) to use (default CoreWeave)")
     args = parser.parse_args(argv)
     if args.write:
-        write()
+        write(jobs=args.jobs)
     print(cost_table(args.provider))
 
 

@@ -10,9 +10,10 @@ GPU; it records to ``data/measurements/`` only with ``--json``). ``quant`` times
 decode against float and scores each weight format's perplexity (Chapter 5); ``formats`` scores
 FP8, MXFP4, NVFP4 and the FP8 KV cache beside int8 and int4. ``eagle`` measures the EAGLE-style
 head against the two-layer draft (acceptance, cost, speed-up against k and temperature). ``prefill_decode``
-measures chunked prefill on the engine and, with ``--goodput``, runs
-``disaggregation_study``, Chapter 7's simulated cluster study. ``decode_profile`` splits a batch-1 decode step of the engine by operator (linear layers,
-attention, sampling, the rest) against the bandwidth floor (Chapter 1). ``loadgen_agreement`` runs
+measures chunked prefill on the engine (Chapter 7's cluster study is a stored simulation:
+``inferlab.sim.cluster_study``). ``decode_profile`` splits a batch-1 decode step of the engine by
+operator (linear layers, attention, sampling, the rest) against the bandwidth floor (Chapter 1).
+``loadgen_agreement`` runs
 Chapter 9's load generator against the course server and compares its view with the engine's
 clock, request by request. ``gpu_suite`` runs every solved lab and every GPU benchmark on a GPU in one command, within
 eight minutes.

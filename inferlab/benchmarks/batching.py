@@ -5,7 +5,7 @@
     python -m inferlab.benchmarks.batching --threads 1        # on a CPU shared with others
     python -m inferlab.benchmarks.batching --profile large-gpu --out data/measurements/x.json
 
-One trace (``inferlab.sim.traces.sharegpt_requests``: ShareGPT-like lengths scaled to the device,
+One trace (``inferlab.sim.workloads.sharegpt_requests``: ShareGPT-like lengths scaled to the device,
 with Poisson arrivals; sizes from the device profile's ``serving``) is served twice by the same
 engine and model: once with static batching, once with
 continuous batching. The offered load is the same, high enough to keep both busy, so the
@@ -38,7 +38,7 @@ from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.engine import pool_blocks, serve
 from inferlab.serving.loop import Run
 from inferlab.serving.metrics import Summary
-from inferlab.sim import traces
+from inferlab.sim import traces, workloads
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, measure_costs_for, simulate
 
@@ -88,7 +88,7 @@ def extrapolate(model_name: str, device_name: str, n: int, rate: float, max_batc
     costs = StepModel.for_device(config, spec, efficiency=efficiency)
     num_blocks = kv_blocks_for_device(config, spec, block_size=block_size)
     rows = traces.sharegpt_like(n, seed=seed)
-    requests = traces.trace_requests(rows, traces.poisson_arrivals(n, rate, seed=seed))
+    requests = workloads.trace_requests(rows, workloads.poisson_arrivals(n, rate, seed=seed))
     out = {"model": model_name, "device": spec.name, "efficiency": efficiency,
            "num_blocks": num_blocks, "rate": rate}
     serving = ServingConfig(block_size=block_size, num_blocks=num_blocks, max_batch=max_batch)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     print(f"{model_name} ({str(dtype).removeprefix('torch.')}) on {info.name}, "
           f"{torch.get_num_threads()} CPU thread(s); profile {profile.name}")
 
-    requests = traces.sharegpt_requests(n, scale, rate, model.config.vocab_size, ctx)
+    requests = workloads.sharegpt_requests(n, scale, rate, model.config.vocab_size, ctx)
     config = ServingConfig(block_size=bs, max_batch=max_batch)
     config = config.replace(num_blocks=pool_blocks(model, requests, config))
     num_blocks = config.num_blocks
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
 
     # Calibrate the simulator twice: on step times the engine logged while serving ANOTHER
     # trace (in place, as the runs see them), and on isolated micro-benchmarks (time_fn).
-    calibration = traces.sharegpt_requests(max(8, n // 4), scale, rate, model.config.vocab_size,
+    calibration = workloads.sharegpt_requests(max(8, n // 4), scale, rate, model.config.vocab_size,
                                            ctx, seed=1)
     cal_runs = serve_both(model, calibration, config)
     costs = {"calibration_run": FittedCosts.from_iterations(
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
 
     curve = []
     for r in args.rates or ():
-        reqs = traces.sharegpt_requests(n, scale, r, model.config.vocab_size, ctx)
+        reqs = workloads.sharegpt_requests(n, scale, r, model.config.vocab_size, ctx)
         for policy, run in serve_both(model, reqs, config).items():
             s = run.summary()
             curve.append({"rate": r, "policy": policy, **s.row()})

@@ -1,8 +1,6 @@
 """Prefill and decode apart: chunked prefill measured on the engine, disaggregation simulated.
 
     python -m inferlab.benchmarks.prefill_decode --threads 1         # the engine part (CPU: ~1 min)
-    python -m inferlab.benchmarks.prefill_decode --goodput --out x.json   # and the cluster study
-    python -m inferlab.benchmarks.prefill_decode --skip-engine --goodput   # the cluster study only
 
 The engine part serves a mixed trace (``inferlab.sim.workloads.mixed_requests``: short prompts
 that decode for a long time, and long prompts arriving while they do) without chunking and at
@@ -13,12 +11,9 @@ ANOTHER mixed trace (``FittedCosts.from_iterations``) and prints its error in th
 TPOT on this one. It ends with the two bars of Chapter 7: the stall cut by at least 3x at a
 budget whose throughput is within 10% of unchunked serving, and the simulator within 15%.
 
-The cluster part (``--goodput``, ``inferlab.benchmarks.disaggregation_study``) is a simulation
-at the roofline of a table GPU: per-GPU goodput of colocated, chunked and disaggregated
-serving at equal GPU count for a chat-like and a long-document workload, the best prefill:
-decode ratio, its stability as the trace grows, where disaggregation loses, and a decode
-instance's failure. With ``--out`` (always on a GPU) everything is written, with provenance,
-as a JSON record that Chapter 7 reads.
+With ``--out`` (always on a GPU) the results are written, with provenance, as a JSON record.
+Chapter 7's cluster study (per-GPU goodput of colocated, chunked and disaggregated serving) is a
+simulation, stored apart: ``python -m inferlab.sim.cluster_study --write``.
 """
 
 from __future__ import annotations
@@ -124,9 +119,6 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-engine", action="store_true")
-    parser.add_argument("--goodput", action="store_true", help="the cluster study too")
-    parser.add_argument("--duration", type=float, nargs="*", default=None,
-                        help="seconds of arrivals per trace in the cluster study")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
 
@@ -157,9 +149,6 @@ def main(argv=None) -> int:
                      f"{'met' if b['stall_bar_met'] else 'NOT met'}")
         print(f"bars: {stall}; simulator's worst error {b['simulator_worst_error']:.1%}: "
               f"{'met' if b['simulator_bar_met'] else 'NOT met'}")
-    if args.goodput:
-        from inferlab.benchmarks import disaggregation_study
-        record["cluster"] = disaggregation_study.run(args.duration)
     record["load_average_after"] = list(os.getloadavg())
     if args.out is not None or device == "cuda":
         print(f"wrote {write_record(record, info, args.out)}")

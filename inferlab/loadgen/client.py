@@ -9,7 +9,7 @@ chunk per token (what these servers send) those are the token times of
 asyncio tasks on one ``httpx.AsyncClient``, so arrivals never wait for earlier answers
 (an open-loop load, as in vLLM's ``benchmark_serving.py``).
 
-Arrivals are Poisson at a rate (``inferlab.sim.traces.poisson_arrivals``), all at once
+Arrivals are Poisson at a rate (``inferlab.sim.workloads.poisson_arrivals``), all at once
 (``rate=inf``), or given (a trace with its own times). ``max_concurrency`` caps the requests in
 flight, as ``vllm bench serve --max-concurrency`` does (an ``asyncio.Semaphore`` around each
 request, in vllm/benchmarks/serve.py): a request that arrives while the cap is reached waits for
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from inferlab.sim import traces
+from inferlab.sim import traces, workloads
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def make_load(trace: str = "sharegpt_like", num_requests: int = 100, rate: float
         rows = traces.scale_lengths(rows, scale, max_len)
     if arrivals_s is None:
         arrivals_s = ([0.0] * num_requests if math.isinf(rate) or math.isnan(rate)
-                      else traces.poisson_arrivals(num_requests, rate, seed))
+                      else workloads.poisson_arrivals(num_requests, rate, seed))
     if len(arrivals_s) != len(rows):
         raise ValueError(f"{len(rows)} requests but {len(arrivals_s)} arrival times")
     rng = np.random.default_rng(seed)

@@ -28,8 +28,9 @@ clock, and one loop steps them on a common timeline, always the instance that ca
   sent again) or ``retransfer`` (the prefill side kept the prompt's cache, as Mooncake's store
   does: it is sent again, and the decode instance recomputes only the generated tokens).
 
-``inferlab.sim.goodput`` finds the highest arrival rate a cluster serves within an SLO
-(DistServe's goodput); divided by the cluster's GPUs it compares designs at equal cost.
+``clustered`` hands a cluster to the steady-state machinery (``inferlab.sim.steady_state``), and
+``inferlab.sim.goodput`` finds the highest arrival rate it serves within an SLO (DistServe's
+goodput); divided by the cluster's GPUs it compares designs at equal cost.
 Simplifications: one GPU per instance, no tensor or pipeline parallelism; a prefill instance
 frees a request's blocks when it finishes, not when its transfer ends; transfers have no fixed
 latency.
@@ -287,6 +288,12 @@ def simulate_cluster(requests: list[Request], cluster: Cluster,
     """Serve ``requests`` on the simulated ``cluster`` (optionally with a decode instance's
     ``failure``); every request completes, with the tokens and stamps a user would have seen."""
     return _Sim(list(requests), cluster, failure).run()
+
+
+def clustered(cluster: Cluster):
+    """``cluster`` as a ``Serve`` of ``inferlab.sim.steady_state`` (a trace in, its ``Run``
+    out), so that the one steady-state window and search measure clusters too."""
+    return lambda requests: simulate_cluster(requests, cluster).run
 
 
 def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int = 128,

@@ -35,7 +35,7 @@ from inferlab.serving.interfaces import Runner
 from inferlab.serving.loop import VirtualClock, drive
 from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
 from inferlab.serving.scheduler import Scheduler
-from inferlab.sim.traces import trace_requests
+from inferlab.sim.workloads import trace_requests
 
 PAPER_WATERMARK = 0.01  # vLLM's default share of blocks an admission leaves free
 

@@ -256,7 +256,7 @@ def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -
     """Replay ``requests`` through the real scheduler and loop with step times from ``costs``.
 
     Prompts only need the right length (token values are ignored): see
-    ``inferlab.sim.traces.trace_requests``. Returns the ``Run`` that ``serve`` would, on a
+    ``inferlab.sim.workloads.trace_requests``. Returns the ``Run`` that ``serve`` would, on a
     virtual clock.
     """
     clock = VirtualClock()

@@ -1,5 +1,11 @@
 """Steady state: serve a Poisson stream long enough that what is measured stops changing.
 
+The course's one steady-state machinery: Chapter 4's capacity, Chapter 7's goodput per GPU (a
+simulated cluster, ``inferlab.sim.goodput``) and Chapter 8's costs all use this window, this
+criterion and this search. What serves the requests is any ``Serve``: a function from a trace
+to a ``Run`` (``simulated(costs, config)`` for one simulated engine, a cluster's
+``inferlab.sim.disaggregation.clustered``).
+
 A finite trace begins with an empty server (warm-up: short queues, small batches) and ends
 with a drain (nobody arrives, the backlog is worked off). Neither is the service an operator
 runs, and at an offered load above what the server can sustain a short trace hides the worst of
@@ -7,40 +13,50 @@ it: the queue grows for as long as requests keep arriving, so every latency depe
 the trace was, and a run looks healthy only because the trace ends. This module measures the
 part in between, and keeps making the trace longer until the measurement stops moving:
 
-- ``Workload``: where request lengths come from (a trace's rows drawn with replacement, or one
-  fixed prompt and output length), and ``Workload.requests(n, rate)``: ``n`` requests with
-  Poisson arrivals. A longer trace extends a shorter one (same seed, same first requests), so
-  growing the trace only adds to it.
-- ``measure``: one simulated run (``inferlab.sim.simulator.simulate``, the real scheduler and
-  loop) summarised over a window that leaves out the first ``warmup`` and the last ``cooldown``
-  share of the arrival period. Offered load is what arrived in the window; achieved throughput
-  is what was produced in it (output tokens stamped, prompts prefilled, requests finished), so
-  a server that falls behind shows achieved below offered. Latencies and SLO attainment are
-  those of the requests that arrived in the window, followed to their last token.
+- ``Workload`` (``inferlab.sim.workloads``): where request lengths come from, and
+  ``Workload.requests(n, rate)``: ``n`` requests with Poisson arrivals. A longer trace extends a
+  shorter one (same seed, same first requests), so growing the trace only adds to it.
+- ``window``: one run, whatever served it, summarised over a window that leaves out the first
+  ``warmup`` and the last ``cooldown`` share of the arrival period (the one warm-up and
+  cool-down rule); ``measure`` serves a trace and measures it. Offered load is what arrived in
+  the window; achieved throughput is what was produced in it (output tokens stamped, prompts
+  prefilled, requests finished), so a server that falls behind shows achieved below offered.
+  Latencies and SLO attainment are those of the requests that arrived in the window, followed
+  to their last token.
 - ``steady_state``: ``measure`` at n, 2n, 4n, ... requests until two successive lengths agree
   (``Criterion``: both of at least 800 requests; achieved over offered output tokens/s within
-  3%, p50 and p99
-  end-to-end latency within 5% and 10%, SLO attainment within 0.02, and neither falling
-  behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
+  3%, p50 and p99 end-to-end latency within 5% and 10%, SLO attainment within 0.02, and
+  neither falling behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
   at two successive lengths, by a shortfall the longer trace does not wear down, while the p99
   latency keeps growing with the trace. Every length's window is kept, as the evidence.
 - ``capacity_at_slo``: the highest offered rate whose steady state keeps ``target`` of the
   requests within an SLO (goodput's capacity, as DistServe, Zhong et al. OSDI 2024, defines it),
   found by bisection on the rate; ``sweep`` measures a list of rates.
 
-``inferlab.sim.sweeps`` runs Chapter 4's sweep with these and stores it in ``data/``.
+``inferlab.sim.records`` writes these results to JSON and reads them back; ``inferlab.sim.sweeps``
+runs Chapter 4's sweep with them and stores it in ``data/``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 from inferlab.serving.config import ServingConfig
+from inferlab.serving.loop import Run
 from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.serving.request import Request
 from inferlab.sim.simulator import CostModel, simulate
 from inferlab.sim.workloads import Workload  # noqa: F401  (re-exported: the steady-state API)
+
+Serve = Callable[[list[Request]], Run]   # serves a trace: one engine, or a whole cluster
+
+
+def simulated(costs: CostModel, config: ServingConfig) -> Serve:
+    """One engine with ``config``, its steps timed by ``costs`` (``inferlab.sim.simulator``)."""
+    return partial(simulate, costs=costs, config=config)
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,8 @@ class Window:
                                   # of this window; goodput proper is the search's result)
     mean_batch: float             # sequences per decode step inside the window
     prefill_s: float              # busy time inside the window spent on prefills
-    decode_s: float               # and on decode steps (the rest of the window was idle)
+    decode_s: float               # and on decode steps (the rest of the window was idle);
+                                  # a cluster's Run logs no steps: 0 for all three
     preemptions: int              # in the whole run
 
     @property
@@ -77,9 +94,15 @@ class Window:
         return (self.prefill_s + self.decode_s) / self.duration_s
 
 
-def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
-            slo: SLO | None = None, warmup: float = 0.2, cooldown: float = 0.1) -> Window:
-    """Simulate ``requests`` and measure the window between warm-up and drain.
+def measure(requests: list[Request], serve: Serve, slo: SLO | None = None,
+            warmup: float = 0.2, cooldown: float = 0.1) -> Window:
+    """Serve ``requests`` (``serve``: one simulated engine or a cluster) and measure ``window``."""
+    return window(requests, serve(requests), slo, warmup, cooldown)
+
+
+def window(requests: list[Request], run: Run, slo: SLO | None = None, warmup: float = 0.2,
+           cooldown: float = 0.1) -> Window:
+    """``run`` (of ``requests``, in their order) measured between warm-up and drain.
 
     The window runs from ``warmup`` to ``1 - cooldown`` of the time of the last arrival. The
     run itself goes on to the end, so every request that arrived in the window is followed to
@@ -89,7 +112,6 @@ def measure(requests: list[Request], costs: CostModel, config: ServingConfig,
     if not (0 <= warmup and 0 <= cooldown and warmup + cooldown < 1):
         raise ValueError(f"need warmup, cooldown >= 0 with warmup + cooldown < 1, got "
                          f"{warmup}, {cooldown}")
-    run = simulate(requests, costs, config)
     refused = [r.error for r in run.results if not r.ok]
     if refused:
         raise ValueError(f"{len(refused)} requests were refused, e.g.: {refused[0]}")
@@ -196,16 +218,15 @@ class SteadyState:
         return self.status == STABLE
 
 
-def steady_state(workload: Workload, rate: float, costs: CostModel, config: ServingConfig,
-                 slo: SLO | None = None, n0: int = 400, n_max: int = 6400, seed: int = 0,
+def steady_state(workload: Workload, rate: float, serve: Serve, slo: SLO | None = None,
+                 n0: int = 400, n_max: int = 6400, seed: int = 0,
                  criterion: Criterion = Criterion(), warmup: float = 0.2,
                  cooldown: float = 0.1) -> SteadyState:
     """``measure`` at ``n0``, ``2 n0``, ... requests until ``criterion`` says two agree."""
     history: list[Window] = []
     n = n0
     while True:
-        history.append(measure(workload.requests(n, rate, seed), costs, config, slo, warmup,
-                               cooldown))
+        history.append(measure(workload.requests(n, rate, seed), serve, slo, warmup, cooldown))
         if len(history) >= 2:
             a, b = history[-2], history[-1]
             if criterion.overloaded(a, b):
@@ -217,10 +238,10 @@ def steady_state(workload: Workload, rate: float, costs: CostModel, config: Serv
         n *= 2
 
 
-def sweep(workload: Workload, rates, costs: CostModel, config: ServingConfig,
-          slo: SLO | None = None, **kw) -> list[SteadyState]:
+def sweep(workload: Workload, rates, serve: Serve, slo: SLO | None = None,
+          **kw) -> list[SteadyState]:
     """``steady_state`` at each of ``rates``."""
-    return [steady_state(workload, r, costs, config, slo, **kw) for r in rates]
+    return [steady_state(workload, r, serve, slo, **kw) for r in rates]
 
 
 @dataclass(frozen=True)
@@ -256,16 +277,17 @@ def saturation_estimate(workload: Workload, costs: CostModel, config: ServingCon
     return 1.0 / per_request
 
 
-def capacity_at_slo(workload: Workload, costs: CostModel, config: ServingConfig, slo: SLO,
-                    target: float = 0.9, start: float | None = None, rtol: float = 0.05,
-                    max_probes: int = 16, **kw) -> SLOCapacity:
+def capacity_at_slo(workload: Workload, serve: Serve, slo: SLO, start: float,
+                    target: float = 0.9, rtol: float = 0.05, max_probes: int = 16,
+                    **kw) -> SLOCapacity:
     """The highest offered rate (requests/s) whose steady state keeps ``target`` within ``slo``.
 
     A rate *meets* the SLO when its steady state is established (``STABLE``) and at least
-    ``target`` of the requests in its window met the SLO. From ``start`` (default: half of
-    ``saturation_estimate``) the rate goes up by 1.5x until one fails, or down by 2x until one
-    meets; then the bracket is bisected geometrically until its ends are within ``rtol``.
-    Assumes attainment falls as the rate grows. Keyword arguments go to ``steady_state``.
+    ``target`` of the requests in its window met the SLO. From ``start`` (for one engine, half
+    of ``saturation_estimate`` is a good one) the rate goes up by 1.5x until one fails, or down
+    by 2x until one meets; then the bracket is bisected geometrically until its ends are within
+    ``rtol``. Assumes attainment falls as the rate grows. Keyword arguments go to
+    ``steady_state``.
     """
     probes: list[SteadyState] = []
 
@@ -273,10 +295,10 @@ def capacity_at_slo(workload: Workload, costs: CostModel, config: ServingConfig,
         if len(probes) >= max_probes:
             raise RuntimeError(f"no bracket within {max_probes} probes: rates tried "
                                f"{[round(p.rate, 4) for p in probes]}")
-        probes.append(steady_state(workload, rate, costs, config, slo, **kw))
+        probes.append(steady_state(workload, rate, serve, slo, **kw))
         return probes[-1]
 
-    rate = 0.5 * saturation_estimate(workload, costs, config) if start is None else start
+    rate = start
     state = probe(rate)
     good, bad = (state, None) if _meets(state, target) else (None, state)
     while good is None:
@@ -302,32 +324,3 @@ def capacity_at_slo(workload: Workload, costs: CostModel, config: ServingConfig,
         else:
             bad = state
     return SLOCapacity(good.rate, good, tuple(probes))
-
-
-# --- To and from JSON (``inferlab.sim.sweeps`` stores results in data/) -----------------------
-
-def window_to_dict(w: Window) -> dict:
-    return asdict(w)
-
-
-def window_from_dict(d: dict) -> Window:
-    return Window(**{k: Percentiles(**v) if k in ("ttft", "tpot", "latency") else v
-                     for k, v in d.items()})
-
-
-def state_to_dict(s: SteadyState) -> dict:
-    return {"rate": s.rate, "status": s.status, "history": [asdict(w) for w in s.history]}
-
-
-def state_from_dict(d: dict) -> SteadyState:
-    return SteadyState(d["rate"], d["status"], tuple(window_from_dict(w) for w in d["history"]))
-
-
-def capacity_to_dict(c: SLOCapacity) -> dict:
-    return {"rate": c.rate, "state": None if c.state is None else state_to_dict(c.state),
-            "probes": [state_to_dict(p) for p in c.probes]}
-
-
-def capacity_from_dict(d: dict) -> SLOCapacity:
-    return SLOCapacity(d["rate"], None if d["state"] is None else state_from_dict(d["state"]),
-                       tuple(state_from_dict(p) for p in d["probes"]))

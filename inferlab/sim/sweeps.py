@@ -33,9 +33,10 @@ from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState,
-    capacity_at_slo, capacity_from_dict, capacity_to_dict, state_from_dict, state_to_dict,
-    steady_state)
+from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
+    state_to_dict)
+from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, capacity_at_slo,
+    simulated, steady_state)
 from inferlab.sim.workloads import Workload
 
 NAME = "ch04_steady_state.json"
@@ -74,6 +75,10 @@ class SweepSetup:
         blocks = kv_blocks_for_device(self.model_config(), get_device_spec(self.device))
         return ServingConfig(num_blocks=blocks, max_batch=self.max_batch, policy=policy)
 
+    def serve(self, policy: str):
+        """One simulated engine under ``policy`` (a ``steady_state.Serve``)."""
+        return simulated(self.costs(), self.serving(policy))
+
     def workload(self) -> Workload:
         return Workload.sharegpt()
 
@@ -88,7 +93,7 @@ class SweepSetup:
                 "step_model": asdict(self.costs())}   # the step-time model's numbers
 
     def state(self, policy: str, rate: float) -> SteadyState:
-        return steady_state(self.workload(), rate, self.costs(), self.serving(policy), self.slo,
+        return steady_state(self.workload(), rate, self.serve(policy), self.slo,
                             n0=self.n0, n_max=self.n_max, seed=self.seed,
                             criterion=self.criterion, warmup=self.warmup, cooldown=self.cooldown)
 
@@ -98,8 +103,8 @@ class SweepSetup:
         met = [s.rate for s in states if s.stable and s.window.slo_attainment >= self.target]
         if not met:
             return SLOCapacity(0.0, None, ())
-        return capacity_at_slo(self.workload(), self.costs(), self.serving(policy), self.slo,
-                               self.target, start=max(met), n0=self.n0, n_max=self.n_max,
+        return capacity_at_slo(self.workload(), self.serve(policy), self.slo, max(met),
+                               self.target, n0=self.n0, n_max=self.n_max,
                                seed=self.seed, criterion=self.criterion, warmup=self.warmup,
                                cooldown=self.cooldown)
 

@@ -16,11 +16,8 @@ distribution we chose and document, with the same means:
   and rounded (``data/traces/README.md`` reports the file's means).
 
 The traces live in ``data/traces/`` as CSV files; ``python -m inferlab.sim.traces`` regenerates
-them bit for bit. Arrivals are a Poisson process (exponential gaps), as in the paper.
-``trace_requests`` turns rows and arrival times into the engine's ``Request``s (a row's
-``output_len`` is how many tokens the request produces), and ``sharegpt_requests`` is the
-scaled ShareGPT-like stream with Poisson arrivals that Chapter 4, Lab 4 and the batching
-benchmark serve.
+them bit for bit. This module gives lengths only: arrivals (a Poisson process, as in the paper)
+and the engine's ``Request``s are made from rows by ``inferlab.sim.workloads``.
 """
 
 from __future__ import annotations
@@ -32,10 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from inferlab.data import read_table
-from inferlab.serving.request import Request
 
 # Published means (Kwon et al. 2023, Sec. 6.1) and our chosen log-normal spreads.
 WORKLOADS = {
@@ -132,14 +127,6 @@ def alpaca_like(n: int | None = None, seed: int | None = None) -> list[TraceRow]
     return _load("alpaca_like", n, seed)
 
 
-def poisson_arrivals(n: int, rate_per_s: float, seed: int = 0) -> list[float]:
-    """Arrival times in seconds of ``n`` requests at ``rate_per_s`` on average (exponential gaps)."""
-    if n < 0 or rate_per_s <= 0:
-        raise ValueError(f"need n >= 0 and a positive rate, got n={n}, rate={rate_per_s}")
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=n)
-    return np.cumsum(gaps).tolist()
-
-
 def scale_lengths(rows: list[TraceRow], factor: float, max_len: int | None = None) -> list[TraceRow]:
     """Rows with both lengths multiplied by ``factor`` (at least 1 token each).
 
@@ -163,31 +150,6 @@ def scale_lengths(rows: list[TraceRow], factor: float, max_len: int | None = Non
 def mean_lengths(rows: list[TraceRow]) -> tuple[float, float]:
     """Mean prompt and output length of ``rows``."""
     return (sum(r.prompt_len for r in rows) / len(rows), sum(r.output_len for r in rows) / len(rows))
-
-
-def trace_requests(rows, arrivals_s, vocab_size: int = 1, seed: int | None = None) -> list[Request]:
-    """``Request``s from trace rows (``prompt_len``, ``output_len``) and arrival times.
-
-    With ``seed``, prompts are random token ids below ``vocab_size`` (to run on a model);
-    without, they are zeros (enough for the simulators).
-    """
-    arrivals_s = list(arrivals_s)
-    if len(arrivals_s) != len(rows):
-        raise ValueError(f"{len(rows)} rows but {len(arrivals_s)} arrival times")
-    gen = None if seed is None else torch.Generator().manual_seed(seed)
-    out = []
-    for row, t in zip(rows, arrivals_s):
-        prompt = ((0,) * row.prompt_len if gen is None else
-                  tuple(torch.randint(0, vocab_size, (row.prompt_len,), generator=gen).tolist()))
-        out.append(Request(prompt, row.output_len, float(t), row.request_id))
-    return out
-
-
-def sharegpt_requests(n: int, scale: float, rate: float, vocab_size: int, max_len: int,
-                      seed: int = 0) -> list[Request]:
-    """``n`` ShareGPT-like requests, lengths times ``scale``, arriving at ``rate`` per second."""
-    rows = scale_lengths(sharegpt_like(n, seed=seed), scale, max_len=max_len)
-    return trace_requests(rows, poisson_arrivals(n, rate, seed=seed), vocab_size, seed=seed)
 
 
 def write_traces(folder: Path, n: int = DEFAULT_ROWS, max_len: int = DEFAULT_MAX_LEN) -> dict:

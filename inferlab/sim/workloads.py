@@ -1,26 +1,31 @@
-"""Chapter 7's workloads: a mixed trace that makes prefills stall decodes, and two request streams.
+"""Workloads: where request lengths come from, and every Poisson trace the package builds.
 
+Lengths come from ``inferlab.sim.traces`` (the ShareGPT- and Alpaca-like traces with the
+published means of Kwon et al. 2023) or from our own long-document family; this module turns
+them into the engine's ``Request``s arriving in time. Every Poisson trace of the package is
+built here, on ``poisson_arrivals``:
+
+- ``poisson_arrivals`` (exponential gaps) and ``trace_requests`` (rows and arrival times into
+  ``Request``s, with random prompt tokens when a real model will run them);
+- ``Workload``: rows of (prompt, output) lengths to draw from, and ``Workload.requests(n,
+  rate)``: ``n`` requests with Poisson arrivals, a longer trace extending a shorter one. The
+  steady-state measurement (``inferlab.sim.steady_state``) serves these for Chapter 4's
+  capacity, Chapter 7's goodput per GPU and Chapter 8's costs. ``Workload.chat``,
+  ``Workload.document`` and ``Workload.short`` are Chapter 7's three streams:
+- ``chat_like``: the ShareGPT-like lengths: prompts of a few hundred tokens, longer answers;
+- ``short_prompts``: the Alpaca-like lengths: short instructions, short answers;
+- ``long_document``: long prompts and short answers, as when a model summarises or answers
+  questions about a document. No published trace is used: the lengths come from the same
+  clipped log-normal family as the chat trace, with means and spreads that are OUR choice
+  (``LONG_DOCUMENT``), so read its results as an illustration of the shape, not of a service;
+- ``sharegpt_requests``: the scaled ShareGPT-like stream that Chapter 4, Lab 4 and the
+  batching benchmark serve on a real model, and ``stream``: a fresh stream of one of Chapter
+  7's kinds for a given number of seconds (Lab 7);
 - ``mixed_requests``: short-prompt requests that decode for a long time, all arriving at the
   start, and long prompts arriving one every ``gap_s`` while they decode. Every long prompt's
   prefill lands in the middle of everyone else's generation: the trace on which Chapter 7,
   Lab 7 and ``python -m inferlab.benchmarks.prefill_decode`` measure generation stalls
   (``inferlab.serving.metrics.largest_gap``) with and without chunked prefill.
-- ``chat_like``: the ShareGPT-like lengths of ``inferlab.sim.traces`` (the published means of
-  Kwon et al. 2023): prompts of a few hundred tokens, longer answers.
-- ``short_prompts``: the Alpaca-like lengths of ``inferlab.sim.traces``: short instructions,
-  short answers.
-- ``long_document``: long prompts and short answers, as when a model summarises or answers
-  questions about a document. No published trace is used: the lengths come from the same
-  clipped log-normal family as the chat trace, with means and spreads that are OUR choice
-  (``LONG_DOCUMENT``), so read its results as an illustration of the shape, not of a service.
-
-``poisson_requests`` turns rows into ``Request``s arriving at a given rate, and ``stream`` draws
-a fresh stream of either kind that arrives at a rate for a given time: a steady-state
-experiment needs a trace whose length grows with the rate (``inferlab.sim.disaggregation``).
-``Workload`` is the steady-state simulator's (``inferlab.sim.steady_state``): lengths to draw
-from, and a Poisson trace of any length at any rate that a longer one extends. Every Poisson
-trace of the package is built here or by ``inferlab.sim.traces.sharegpt_requests`` on the same
-``traces.poisson_arrivals``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,33 @@ import torch
 
 from inferlab.serving.request import Request
 from inferlab.sim import traces
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int = 0) -> list[float]:
+    """Arrival times in seconds of ``n`` requests at ``rate_per_s`` on average (exponential gaps)."""
+    if n < 0 or rate_per_s <= 0:
+        raise ValueError(f"need n >= 0 and a positive rate, got n={n}, rate={rate_per_s}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=n)
+    return np.cumsum(gaps).tolist()
+
+
+def trace_requests(rows, arrivals_s, vocab_size: int = 1, seed: int | None = None) -> list[Request]:
+    """``Request``s from trace rows (``prompt_len``, ``output_len``) and arrival times.
+
+    With ``seed``, prompts are random token ids below ``vocab_size`` (to run on a model);
+    without, they are zeros (enough for the simulators).
+    """
+    arrivals_s = list(arrivals_s)
+    if len(arrivals_s) != len(rows):
+        raise ValueError(f"{len(rows)} rows but {len(arrivals_s)} arrival times")
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    out = []
+    for row, t in zip(rows, arrivals_s):
+        prompt = ((0,) * row.prompt_len if gen is None else
+                  tuple(torch.randint(0, vocab_size, (row.prompt_len,), generator=gen).tolist()))
+        out.append(Request(prompt, row.output_len, float(t), row.request_id))
+    return out
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -57,6 +89,26 @@ class Workload:
         return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
 
     @classmethod
+    def of(cls, name: str, rows: list[traces.TraceRow]) -> "Workload":
+        """A workload drawing from trace ``rows``."""
+        return cls(name, tuple((r.prompt_len, r.output_len) for r in rows))
+
+    @classmethod
+    def chat(cls, n: int = 4000) -> "Workload":
+        """Chapter 7's chat stream: ``n`` ShareGPT-like rows drawn afresh (``chat_like``)."""
+        return cls.of("chat", chat_like(n))
+
+    @classmethod
+    def document(cls, n: int = 4000) -> "Workload":
+        """Chapter 7's long-document stream: ``n`` rows of ``long_document``."""
+        return cls.of("document", long_document(n))
+
+    @classmethod
+    def short(cls, n: int = 4000) -> "Workload":
+        """Chapter 7's short-prompt stream: ``n`` Alpaca-like rows (``short_prompts``)."""
+        return cls.of("short", short_prompts(n))
+
+    @classmethod
     def fixed(cls, prompt_len: int, output_len: int) -> "Workload":
         """Every request the same: ``prompt_len`` tokens in, ``output_len`` out."""
         return cls(f"{prompt_len} in / {output_len} out", ((int(prompt_len), int(output_len)),))
@@ -76,7 +128,7 @@ class Workload:
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")
         picks = np.random.default_rng(seed + 1).integers(0, len(self.rows), size=n)
-        arrivals = traces.poisson_arrivals(n, rate, seed=seed)
+        arrivals = poisson_arrivals(n, rate, seed=seed)
         return [Request((0,) * self.rows[k][0], self.rows[k][1], t, i)
                 for i, (k, t) in enumerate(zip(picks.tolist(), arrivals))]
 
@@ -145,8 +197,8 @@ def long_document(n: int, seed: int = 0, max_len: int = 8192,
 def poisson_requests(rows: list[traces.TraceRow], rate: float, seed: int = 0,
                      vocab_size: int = 1, token_seed: int | None = None) -> list[Request]:
     """``Request``s for ``rows`` arriving as a Poisson process at ``rate`` per second."""
-    return traces.trace_requests(rows, traces.poisson_arrivals(len(rows), rate, seed=seed),
-                                 vocab_size, seed=token_seed)
+    return trace_requests(rows, poisson_arrivals(len(rows), rate, seed=seed), vocab_size,
+                          seed=token_seed)
 
 
 def short_prompts(n: int, seed: int = 0, scale: float = 1.0) -> list[traces.TraceRow]:
@@ -166,3 +218,11 @@ def stream(kind: str, rate: float, duration_s: float, seed: int = 0,
         raise ValueError(f"unknown kind {kind!r}; choose one of {sorted(KINDS)}")
     n = max(1, math.ceil(rate * duration_s))
     return poisson_requests(KINDS[kind](n, seed=seed, scale=scale), rate, seed=seed)
+
+
+def sharegpt_requests(n: int, scale: float, rate: float, vocab_size: int, max_len: int,
+                      seed: int = 0) -> list[Request]:
+    """``n`` ShareGPT-like requests, lengths times ``scale``, arriving at ``rate`` per second,
+    with random prompt tokens (to run on a model of ``vocab_size`` and context ``max_len``)."""
+    rows = traces.scale_lengths(traces.sharegpt_like(n, seed=seed), scale, max_len=max_len)
+    return trace_requests(rows, poisson_arrivals(n, rate, seed=seed), vocab_size, seed=seed)

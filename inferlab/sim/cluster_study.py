@@ -1,0 +1,229 @@
+"""Chapter 7's cluster study: colocated, chunked and disaggregated serving at equal GPU count.
+
+Everything here is a simulation (``inferlab.sim.disaggregation``) of Llama-2-13B (the shape of
+the OPT-13B that DistServe and the PagedAttention paper evaluate) on A100 80GB GPUs, every step
+timed by the course's step-time model (``inferlab.analysis.step_time.StepModel``: each kernel on
+its own roofline, summed; efficiency 1, so no real engine is faster), four GPUs a cluster. Every
+number is a steady state of the course's one machinery (``inferlab.sim.steady_state``: a
+window between warm-up and drain, the trace doubled until two lengths agree) and goodput is its
+one search (``inferlab.sim.goodput.cluster_goodput``):
+
+1. ``goodput``: per-GPU goodput (the highest rate at which 90% of the requests in the window
+   meet the SLO) of every design for the chat-like, the long-document and the short-prompt
+   stream (``inferlab.sim.workloads.Workload.chat``, ``.document``, ``.short``); every rate the
+   search tried is kept, with its window at each trace length (the steady state's evidence).
+2. ``low_load``: one request a second on one colocated GPU against a 1P1D pair.
+3. ``links``: the long-document stream's goodput for its best split over every link of
+   ``data/links.csv`` slower than the A100's NVLink (one search per bandwidth, started from the
+   NVLink answer; faster links are other GPUs' and cannot join A100s).
+4. ``failure``: a decode instance of the best chat split dies mid-run at 80% of its goodput;
+   its requests resume by recomputing or by re-sending the prompt's cache.
+
+The SLOs are OUR choice (``SLOS``), tight enough that interference matters: the papers' own SLOs
+belong to their models and hardware. The study takes minutes, too long for a book executed on
+every build, so it is run once by
+
+    python -m inferlab.sim.cluster_study --write      # see the stored "seconds"; 2 processes
+
+and stored, with its inputs, date and commit, in ``data/simulations/ch07_cluster.json``, which
+Chapter 7 reads with ``load``. ``tests/test_cluster_study.py`` fails when the stored inputs no
+longer match the tables or when recomputing a stored window gives another number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+
+from inferlab.analysis import formulas
+from inferlab.analysis.capacity import kv_blocks_for_device
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.request_time import link_bandwidths
+from inferlab.analysis.step_time import StepModel
+from inferlab.data import data_path
+from inferlab.model.config import ModelConfig
+from inferlab.serving.metrics import SLO, largest_gap
+from inferlab.sim.disaggregation import Failure, clustered, designs, simulate_cluster
+from inferlab.sim.goodput import cluster_goodput
+from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
+    state_to_dict)
+from inferlab.sim.steady_state import Criterion, steady_state
+from inferlab.sim.workloads import Workload
+
+NAME = "ch07_cluster.json"
+MODEL, DEVICE, GPUS, LINK = "llama-2-13b", "A100 80GB SXM", 4, "NVLink A100"
+KINDS = ("chat", "document", "short")
+SLOS = {"chat": SLO(ttft_s=0.25, tpot_s=0.025), "document": SLO(ttft_s=1.0, tpot_s=0.025),
+        "short": SLO(ttft_s=0.25, tpot_s=0.025)}
+TOKEN_BUDGET = 256
+START = {"chat": 24.0, "document": 3.0, "short": 120.0}   # first rate tried (req/s, 4 GPUs)
+# The search: capacity is decided by SLO attainment, which settles well before a p99 latency
+# does near saturation, so the p99 may move by 20% between lengths (as in Chapter 8's costs).
+SEARCH = dict(n0=400, n_max=3200, rtol=0.05, criterion=Criterion(p99_rtol=0.2))
+LOW_RATE = 1.0
+FAILURE = dict(share=0.8, n=1500, at_s=30.0, down_s=10.0)
+
+
+def workload(kind: str) -> Workload:
+    return {"chat": Workload.chat, "document": Workload.document, "short": Workload.short}[kind]()
+
+
+def setup(link: str = LINK, gpus: int | None = None) -> dict:
+    """The designs on ``gpus`` (default ``GPUS``) GPUs joined by ``link``
+    (``inferlab.sim.disaggregation.designs``)."""
+    return designs(ModelConfig.from_name(MODEL), get_device_spec(DEVICE), gpus or GPUS,
+                   link_bandwidths()[link], token_budget=TOKEN_BUDGET)
+
+
+def inputs() -> dict:
+    """The table numbers and settings the study used (to tell when the stored one is stale)."""
+    config, spec = ModelConfig.from_name(MODEL), get_device_spec(DEVICE)
+    return {"model": MODEL, "device": DEVICE, "gpus": GPUS, "link": LINK,
+            "token_budget": TOKEN_BUDGET, "start": START, "low_rate": LOW_RATE,
+            "failure": FAILURE, "links": link_bandwidths(),
+            "search": {**SEARCH, "criterion": asdict(SEARCH["criterion"])},
+            "slos": {k: {"ttft_s": v.ttft_s, "tpot_s": v.tpot_s} for k, v in SLOS.items()},
+            "mean_lengths": {k: list(workload(k).mean_lengths) for k in KINDS},
+            "kv_bytes_per_token": formulas.kv_bytes_per_token(config),
+            "num_blocks": kv_blocks_for_device(config, spec),
+            "step_model": asdict(StepModel.for_device(config, spec))}
+
+
+def _goodput(task: tuple) -> dict:
+    """One search: (kind, design, link, start) -> a row of the record."""
+    kind, name, link, start = task
+    t0 = time.process_time()
+    g = cluster_goodput(workload(kind), setup(link)[name], SLOS[kind], start, **SEARCH)
+    return {"kind": kind, "design": name, "link": link, "gpus": g.gpus, "rate": g.rate,
+            "per_gpu": g.per_gpu, "capacity": capacity_to_dict(g.capacity),
+            "cpu_s": time.process_time() - t0}
+
+
+def low_load(rate: float = LOW_RATE) -> dict:
+    """One colocated GPU against a 1P1D pair at a light chat load, each in steady state."""
+    out = {}
+    for name, cluster in (("1 colocated", setup(gpus=1)["colocated"]),
+                          ("1P1D", setup(gpus=2)["1P1D"])):
+        state = steady_state(workload("chat"), rate, clustered(cluster), SLOS["chat"],
+                             **{k: v for k, v in SEARCH.items() if k != "rtol"})
+        out[name] = {"gpus": cluster.gpus, "state": state_to_dict(state)}
+    return out
+
+
+def failure(split: str, rate: float) -> dict:
+    """Decode instance 0 of ``split`` dies at ``at_s`` for ``down_s`` under a chat load: what
+    its requests (the same ones in every mode: the runs agree until the failure) and the
+    cluster saw, without a failure and with each way of resuming."""
+    f = FAILURE
+    cluster = setup()[split]
+    requests = workload("chat").requests(f["n"], rate)
+    runs = {"no failure": simulate_cluster(requests, cluster)}
+    for mode in ("recompute", "retransfer"):
+        runs[mode] = simulate_cluster(requests, cluster, Failure(0, f["at_s"], mode, f["down_s"]))
+    lost = runs["recompute"].lost
+    out = {"split": split, "rate": rate, "at_s": f["at_s"], "down_s": f["down_s"],
+           "lost": len(lost), "requests": len(requests)}
+    for mode, r in runs.items():
+        timings = [r.run.results[i].timing for i in lost]
+        gaps = [largest_gap(t.token_times_s) for t in timings if t.n_tokens > 1]
+        out[mode] = {"attainment": r.run.summary(SLOS["chat"]).slo_attainment,
+                     "recomputed_tokens": r.recomputed_tokens,
+                     "transfer_bytes": r.transfer_bytes,
+                     "lost_latency_mean_s": sum(t.latency for t in timings) / len(timings),
+                     "lost_largest_gap_mean_s": sum(gaps) / max(1, len(gaps))}
+    return out
+
+
+def _run_all(tasks: list[tuple], jobs: int, log) -> list[dict]:
+    if jobs <= 1:
+        rows = [_goodput(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = list(pool.map(_goodput, tasks))
+    for r in rows:
+        log(f"  {r['kind']:8s} {r['design']:9s} {r['link']:24s} {r['per_gpu']:7.2f} req/s/GPU "
+            f"({len(r['capacity']['probes'])} rates tried, {r['cpu_s']:.0f} CPU-s)", flush=True)
+    return rows
+
+
+def run(jobs: int = 3, log=print) -> dict:
+    """The whole study; the record stored in ``data/simulations/``."""
+    from inferlab.measurements import git_commit
+
+    t0 = time.perf_counter()
+    names = list(setup())
+    rows = _run_all([(k, n, LINK, START[k]) for k in KINDS for n in names], jobs, log)
+    splits = [n for n in names if "P" in n]
+    best_doc = max((r for r in rows if r["kind"] == "document" and r["design"] in splits),
+                   key=lambda r: r["rate"])
+    bws = link_bandwidths()
+    slower = sorted({bw: link for link, bw in bws.items() if bw < bws[LINK]}.values())
+    links = _run_all([("document", best_doc["design"], link, best_doc["rate"])
+                      for link in slower], jobs, log) + [best_doc]
+    best = max((r for r in rows if r["kind"] == "chat" and r["design"] in splits),
+               key=lambda r: r["rate"])
+    record = {"provenance": {"command": "python -m inferlab.sim.cluster_study --write",
+                             "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
+              "inputs": inputs(), "goodput": rows, "links": links, "low_load": low_load(),
+              "failure": failure(best["design"], FAILURE["share"] * best["rate"])}
+    record["seconds"] = time.perf_counter() - t0       # wall clock, with ``jobs`` processes
+    record["jobs"] = jobs
+    record["cpu_s"] = sum(r["cpu_s"] for r in rows + links)  # the searches' own CPU time
+    return record
+
+
+def path():
+    return data_path("hardware.csv").parent / "simulations" / NAME
+
+
+def write(record: dict) -> None:
+    out = path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=None, separators=(",", ":")) + "\n",
+                   encoding="utf-8")
+
+
+def load() -> dict:
+    """The stored study, with each row's ``capacity`` and each low-load ``state`` read back."""
+    record = json.loads(data_path("simulations", NAME).read_text(encoding="utf-8"))
+    for row in record["goodput"] + record["links"]:
+        row["capacity"] = capacity_from_dict(row["capacity"])
+    for entry in record["low_load"].values():
+        entry["state"] = state_from_dict(entry["state"])
+    return record
+
+
+def table(record: dict) -> str:
+    """Per-GPU goodput of every design for each stream, as text."""
+    lines = []
+    for kind in KINDS:
+        slo = record["inputs"]["slos"][kind]
+        lines.append(f"{kind}: TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s'] * 1e3:g} ms")
+        for r in record["goodput"]:
+            if r["kind"] == kind:
+                w = r["capacity"].window
+                lines.append(f"  {r['design']:10s} {r['per_gpu']:7.2f} req/s per GPU"
+                             + ("" if w is None else
+                                f" ({w.slo_attainment:.0%} in SLO, {w.n_requests} requests)"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Chapter 7's cluster study.")
+    parser.add_argument("--write", action="store_true",
+                        help=f"recompute (minutes) and store in data/simulations/{NAME}")
+    parser.add_argument("--jobs", type=int, default=3, help="processes (default 3)")
+    args = parser.parse_args(argv)
+    if args.write:
+        record = run(args.jobs)
+        write(record)
+        print(f"wrote {path()} in {record['seconds'] / 60:.1f} minutes")
+    print(table(load()))
+
+
+if __name__ == "__main__":
+    main()
