@@ -67,12 +67,11 @@ def samples_from_iterations(iterations) -> list[Sample]:
     and chunked steps."""
     out = []
     for it in iterations:
-        out += [Sample(((n, 0),), 0, 0, s) for _, n, s in it.prefills]
-        if it.chunks:
-            out.append(Sample(tuple((n, c) for _, n, c in it.chunks), it.decode_batch,
-                              it.decode_context, it.decode_s))
-        elif it.decode_ids:
-            out.append(Sample((), it.decode_batch, it.decode_context, it.decode_s))
+        for f in it.forwards:
+            chunks = tuple((r.new, r.cached) for r in f.rows if r.prefill)
+            decodes = [r for r in f.rows if not r.prefill]
+            out.append(Sample(chunks, len(decodes), sum(r.new + r.cached for r in decodes),
+                              f.seconds))
     return out
 
 
