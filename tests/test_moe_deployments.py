@@ -36,3 +36,41 @@ def test_floor_cost_falls_with_batch_and_the_published_cost_is_its_arithmetic():
     assert costs[0] > costs[1] > costs[2] > 0
     assert 0.98 * 256 < md.experts_touched(layout, 1) < 256  # 144 sequences touch almost all
     assert md.published_decode_usd_per_m() == pytest.approx(8 * 2.0 / 3600 / 14800 * 1e6)
+
+
+def test_gptoss_fits_its_published_single_gpu_with_mxfp4_experts():
+    from inferlab.analysis.published import quote
+
+    oss, layout = MoEConfig.from_name("gpt-oss-120b"), md.gptoss_layout()
+    assert layout.gpus == 1 and layout.experts_per_gpu() == oss.n_experts == 128
+    assert md.GPTOSS_EXPERT_BYTES == pytest.approx(4.25 / 8)  # 4-bit elements, one 8-bit scale per 32
+    lookup = oss.vocab_size * oss.d_model
+    every = md.weight_bytes_per_gpu(layout, md.GPTOSS_DTYPE, expert_bytes=md.GPTOSS_EXPERT_BYTES)
+    experts = oss.moe_layers * oss.n_experts * oss.expert_params
+    assert every == pytest.approx((oss.params(0) - lookup) * 2 + experts * 4.25 / 8)
+    memory = quote("gptoss_single_gpu").value * 1e9  # the published 80 GB
+    assert every + lookup * 2 < memory < oss.total_params() * 2  # fits in MXFP4, not in bf16
+    fit = md.sequences_that_fit(layout, memory, 4096, expert_bytes=md.GPTOSS_EXPERT_BYTES)
+    assert fit > 0
+    assert every + lookup * 2 + fit * 4096 * md.kv_bytes_per_token(layout, context=4096) <= memory
+    assert md.sequences_that_fit(layout, 60e9, 4096, expert_bytes=md.GPTOSS_EXPERT_BYTES) == 0
+
+
+def test_gptoss_reads_the_experts_its_batch_touches_and_its_windowed_cache():
+    oss, layout = MoEConfig.from_name("gpt-oss-120b"), md.gptoss_layout()
+    read = [md.weight_bytes_per_gpu(layout, md.GPTOSS_DTYPE, b, md.GPTOSS_EXPERT_BYTES)
+            for b in (1, 8, 64, 10**6)]
+    replicated = (oss.params(0) - oss.vocab_size * oss.d_model) * 2
+    assert read[0] == pytest.approx(replicated + oss.moe_layers * 4 * oss.expert_params * 4.25 / 8)
+    assert read[0] < read[1] < read[2] < read[3]
+    assert read[3] == pytest.approx(md.weight_bytes_per_gpu(
+        layout, md.GPTOSS_DTYPE, expert_bytes=md.GPTOSS_EXPERT_BYTES))
+    per_layer = 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64, bf16
+    assert md.kv_bytes_per_token(layout, context=128) == 36 * per_layer  # inside every window
+    assert md.kv_bytes_per_token(layout, context=4096) == pytest.approx(
+        (18 * 4096 + 18 * 128) * per_layer / 4096)
+    with pytest.raises(ValueError, match="context"):
+        md.kv_bytes_per_token(layout)
+    costs = [md.decode_floor_usd_per_m(layout, 3.35e12, 2.0, b, 4096, md.GPTOSS_DTYPE,
+                                       expert_bytes=md.GPTOSS_EXPERT_BYTES) for b in (1, 8, 64)]
+    assert costs[0] > costs[1] > costs[2] > 0
