@@ -74,3 +74,28 @@ def test_gptoss_reads_the_experts_its_batch_touches_and_its_windowed_cache():
     costs = [md.decode_floor_usd_per_m(layout, 3.35e12, 2.0, b, 4096, md.GPTOSS_DTYPE,
                                        expert_bytes=md.GPTOSS_EXPERT_BYTES) for b in (1, 8, 64)]
     assert costs[0] > costs[1] > costs[2] > 0
+
+
+def test_the_step_time_model_prices_active_flops_and_touched_bytes():
+    ds, oss = md.deepseek_layout("decode"), md.gptoss_layout()
+    v3 = MoEConfig.from_name("deepseek-v3")
+    head = v3.vocab_size * v3.d_model
+    kernels = {k.name: k for k in md.decode_step_kernels(ds, "H100 SXM", 32, 4096)}
+    assert kernels["linear"].flops == pytest.approx(2 * (v3.active_params() - 2 * head) * 32)
+    assert kernels["linear"].bytes + kernels["lm_head"].bytes == pytest.approx(
+        md.weight_bytes_per_gpu(ds, batch_per_gpu=32))
+    kw = dict(prec="bf16", weight_dtype="bfloat16", expert_bytes=md.GPTOSS_EXPERT_BYTES)
+    for layout, batch, options in ((ds, 32, {}), (ds, 128, {}), (oss, 1, kw), (oss, 64, kw)):
+        floor = md.decode_floor_usd_per_m(layout, 3.35e12, 2.0, batch, 4096,
+                                          options.get("weight_dtype", "float8_e4m3fn"),
+                                          expert_bytes=options.get("expert_bytes"))
+        step = md.decode_step_usd_per_m(layout, "H100 SXM", 2.0, batch, 4096, **options)
+        # every kernel is memory-bound here, so the model adds only the K/V each step writes
+        assert all(k.bound == "memory"
+                   for k in md.decode_step_kernels(layout, "H100 SXM", batch, 4096, **options))
+        assert floor <= step < 1.001 * floor
+    # a batch of 2048 sequences per GPU makes the linear kernels compute-bound: above the floor
+    big = md.decode_step_kernels(ds, "H100 SXM", 2048, 256)
+    assert {k.name: k.bound for k in big}["linear"] == "compute"
+    assert md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, 2048, 256) > 1.1 * \
+        md.decode_floor_usd_per_m(ds, 3.35e12, 2.0, 2048, 256)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from inferlab.analysis import mla, token_cost
 from inferlab.analysis.attention_layouts import AttentionLayout
 from inferlab.analysis.chip_costs import FP4
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import Attention, Shape, StepModel, precision
 from inferlab.analysis.moe import MoEConfig, expected_experts
 from inferlab.analysis.published import quote
 from inferlab.device import bytes_per_element
@@ -138,3 +140,41 @@ def published_decode_usd_per_m() -> float:
     gpus_per_node = quote("deepseek_node_gpus").value
     tokens_per_s, usd_per_gpu_hour = quote("deepseek_decode_node_throughput").values
     return token_cost.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
+
+
+def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, context: int,
+                        prec="fp8", weight_dtype="float8_e4m3fn", kv_dtype="bfloat16",
+                        expert_bytes: float | None = None):
+    """One GPU's decode step on the course's one step-time model (``step_time.StepModel``).
+
+    Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
+    attention and dense parts, and on average its share of the tokens routed to its experts),
+    but read the weights its batch touches (``weight_bytes_per_gpu``), so the linear kernel's
+    bytes are replaced by those. Attention is MLA's (``mla.attention_cost``) or grouped-query
+    with the window layers reading at most their window. The dispatch and combine over the
+    network are not priced.
+    """
+    moe, p, spec = MoEConfig.from_name(layout.model), precision(prec), get_device_spec(device)
+    head = moe.vocab_size * moe.d_model
+    lookup = 0 if moe.tie_embeddings else head
+    if moe.mla is not None:
+        attention, held = mla.attention_cost(moe.mla, kv_dtype), float(context)
+    else:
+        window = AttentionLayout.from_name(layout.model)
+        per_layer = window.token_elements() * bytes_per_element(kv_dtype)
+        attention = Attention(moe.n_layers * per_layer,
+                              4 * moe.n_layers * moe.n_heads * moe.head_dim)
+        held = window.read_bytes(context, bytes_per_element(kv_dtype)) / (moe.n_layers * per_layer)
+    model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
+                      attention, p, spec.peak_flops(p.compute), spec.bandwidth)
+    kernels = model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held))
+    read = weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes) \
+        - head * p.bytes_per_weight
+    return [model._roof("linear", k.flops, read) if k.name == "linear" else k for k in kernels]
+
+
+def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float,
+                          batch_per_gpu: int, context: int, **kw) -> float:
+    """Dollars per million output tokens at the step-time model's decode step."""
+    step = sum(k.seconds for k in decode_step_kernels(layout, device, batch_per_gpu, context, **kw))
+    return token_cost.usd_per_million(usd_per_gpu_hour, batch_per_gpu / step)
