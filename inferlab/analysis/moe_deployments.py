@@ -23,6 +23,11 @@ MXFP4 (4.25 bits a weight with the block scale) and everything else in bf16 (``d
 layout of one); its cache is grouped-query with every other layer a 128-token sliding window
 (``inferlab.analysis.attention_layouts``). One GPU's batch is small against 128 experts, so the
 weights read per step count the experts the batch is expected to touch, not all of them.
+
+``decode_step_kernels`` prices the same step on the course's one step-time model
+(``step_time.StepModel``): arithmetic on the active parameters, bytes of the touched weights and
+the caches, kernel by kernel. At the published batches every kernel is memory-bound, so it agrees
+with the floor; the network's all-to-all is still left out.
 """
 
 from __future__ import annotations
