@@ -16,6 +16,18 @@ floor with Chapter 8's formula (``token_cost.bandwidth_floor_usd_per_m``). This 
 it leaves out the dispatch and combine over the network (which DeepSeek overlaps with computation
 using two micro-batches), load imbalance, and the arithmetic, so it is the cost a perfect
 deployment approaches, to set beside the published one (``published_decode_usd_per_m``).
+
+gpt-oss-120b is published for the opposite deployment: one 80 GB GPU, with its routed experts in
+MXFP4 (4.25 bits a weight with the block scale) and everything else in bf16 (``data/published.csv``:
+``gptoss_single_gpu``; Hugging Face's MXFP4 documentation). ``gptoss_layout`` is that one GPU (a
+layout of one); its cache is grouped-query with every other layer a 128-token sliding window
+(``inferlab.analysis.attention_layouts``). One GPU's batch is small against 128 experts, so the
+weights read per step count the experts the batch is expected to touch, not all of them.
+
+``decode_step_kernels`` prices the same step on the course's one step-time model
+(``step_time.StepModel``): arithmetic on the active parameters, bytes of the touched weights and
+the caches, kernel by kernel. At the published batches every kernel is memory-bound, so it agrees
+with the floor; the network's all-to-all is still left out.
 """
 
 from __future__ import annotations
@@ -23,6 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.analysis import mla, token_cost
+from inferlab.analysis.attention_layouts import AttentionLayout
+from inferlab.analysis.chip_costs import FP4
+from inferlab.analysis.hardware import get_device_spec
+from inferlab.analysis.step_time import Attention, Shape, StepModel, precision
 from inferlab.analysis.moe import MoEConfig, expected_experts
 from inferlab.analysis.published import quote
 from inferlab.device import bytes_per_element
@@ -49,24 +65,60 @@ def deepseek_layout(phase: str = "decode") -> EPLayout:
     return EPLayout("deepseek-v3", int(gpus), int(redundant))
 
 
-def weight_bytes_per_gpu(layout: EPLayout, dtype="float8_e4m3fn") -> float:
-    """Weight bytes one GPU reads per decode step when the batch touches all its experts.
+def gptoss_layout() -> EPLayout:
+    """gpt-oss-120b on the one 80 GB GPU it is published to fit (``data/published.csv``)."""
+    return EPLayout("gpt-oss-120b", 1, 0)
+
+
+# The published gpt-oss-120b deployment: MXFP4 routed experts, bf16 for the rest.
+GPTOSS_DTYPE, GPTOSS_EXPERT_BYTES = "bfloat16", FP4.bytes_per_weight
+
+
+def weight_bytes_per_gpu(layout: EPLayout, dtype="float8_e4m3fn", batch_per_gpu: int | None = None,
+                         expert_bytes: float | None = None) -> float:
+    """Weight bytes one GPU reads per decode step.
 
     Everything but the routed experts is replicated; the input embedding is a lookup of one row
-    per token and is left out, as in ``MoEConfig.decode_bytes_per_step``.
+    per token and is left out, as in ``MoEConfig.decode_bytes_per_step``. With no batch, every
+    local expert is read; with ``batch_per_gpu``, each local expert is read with the probability
+    that the group's batch routes a token to it. ``expert_bytes`` (default: ``dtype``'s) is the
+    bytes per routed-expert weight (MXFP4 experts beside bf16 attention, for gpt-oss).
     """
     moe = MoEConfig.from_name(layout.model)
+    per_element = bytes_per_element(dtype)
+    expert_bytes = per_element if expert_bytes is None else expert_bytes
     lookup = 0 if moe.tie_embeddings else moe.vocab_size * moe.d_model
-    local = moe.moe_layers * layout.experts_per_gpu() * moe.expert_params
-    return (moe.params(0) - lookup + local) * bytes_per_element(dtype)
+    share = 1.0 if batch_per_gpu is None else experts_touched(layout, batch_per_gpu) / moe.n_experts
+    local = moe.moe_layers * layout.experts_per_gpu() * share * moe.expert_params
+    return (moe.params(0) - lookup) * per_element + local * expert_bytes
 
 
-def kv_bytes_per_token(layout: EPLayout, dtype="bfloat16") -> float:
-    """Cached bytes per token of the model (MLA's latent and positional key, all layers)."""
+def kv_bytes_per_token(layout: EPLayout, dtype="bfloat16", context: int | None = None) -> float:
+    """Cache bytes a decode step reads per token of context, all layers.
+
+    MLA models (DeepSeek): the latent and positional key. Grouped-query models with sliding-window
+    layers (gpt-oss): a window layer reads at most its window, so the average over ``context``
+    tokens is needed.
+    """
     moe = MoEConfig.from_name(layout.model)
-    if moe.mla is None:
-        raise ValueError(f"{layout.model} has no MLA shape in data/moe_models.csv")
-    return mla.kv_bytes_per_token(moe.mla, dtype)
+    if moe.mla is not None:
+        return mla.kv_bytes_per_token(moe.mla, dtype)
+    if context is None:
+        raise ValueError(f"{layout.model} has window layers: give the context")
+    attention = AttentionLayout.from_name(layout.model)
+    return attention.read_bytes(context, bytes_per_element(dtype)) / context
+
+
+def sequences_that_fit(layout: EPLayout, memory_bytes: float, context: int, dtype="bfloat16",
+                       kv_dtype="bfloat16", expert_bytes: float | None = None) -> int:
+    """Sequences of ``context`` tokens whose caches fit beside one GPU's share of the weights."""
+    moe = MoEConfig.from_name(layout.model)
+    stored = weight_bytes_per_gpu(layout, dtype, None, expert_bytes) \
+        + moe.vocab_size * moe.d_model * bytes_per_element(dtype) * (not moe.tie_embeddings)
+    free = memory_bytes - stored
+    if free <= 0:
+        return 0
+    return int(free // (context * kv_bytes_per_token(layout, kv_dtype, context)))
 
 
 def experts_touched(layout: EPLayout, batch_per_gpu: int) -> float:
@@ -77,10 +129,14 @@ def experts_touched(layout: EPLayout, batch_per_gpu: int) -> float:
 
 def decode_floor_usd_per_m(layout: EPLayout, bandwidth: float, usd_per_gpu_hour: float,
                            batch_per_gpu: int, context: int, weight_dtype="float8_e4m3fn",
-                           kv_dtype="bfloat16") -> float:
-    """Dollars per million output tokens at the bandwidth floor of one GPU of ``layout``."""
+                           kv_dtype="bfloat16", expert_bytes: float | None = None) -> float:
+    """Dollars per million output tokens at the bandwidth floor of one GPU of ``layout``.
+
+    The step reads the replicated weights, the local experts the group's batch is expected to
+    touch, and its own sequences' cache."""
     return token_cost.bandwidth_floor_usd_per_m(
-        weight_bytes_per_gpu(layout, weight_dtype), kv_bytes_per_token(layout, kv_dtype),
+        weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes),
+        kv_bytes_per_token(layout, kv_dtype, context),
         bandwidth, batch_per_gpu, context, usd_per_gpu_hour)
 
 
@@ -89,3 +145,41 @@ def published_decode_usd_per_m() -> float:
     gpus_per_node = quote("deepseek_node_gpus").value
     tokens_per_s, usd_per_gpu_hour = quote("deepseek_decode_node_throughput").values
     return token_cost.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
+
+
+def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, context: int,
+                        prec="fp8", weight_dtype="float8_e4m3fn", kv_dtype="bfloat16",
+                        expert_bytes: float | None = None):
+    """One GPU's decode step on the course's one step-time model (``step_time.StepModel``).
+
+    Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
+    attention and dense parts, and on average its share of the tokens routed to its experts),
+    but read the weights its batch touches (``weight_bytes_per_gpu``), so the linear kernel's
+    bytes are replaced by those. Attention is MLA's (``mla.attention_cost``) or grouped-query
+    with the window layers reading at most their window. The dispatch and combine over the
+    network are not priced.
+    """
+    moe, p, spec = MoEConfig.from_name(layout.model), precision(prec), get_device_spec(device)
+    head = moe.vocab_size * moe.d_model
+    lookup = 0 if moe.tie_embeddings else head
+    if moe.mla is not None:
+        attention, held = mla.attention_cost(moe.mla, kv_dtype), float(context)
+    else:
+        window = AttentionLayout.from_name(layout.model)
+        per_layer = window.token_elements() * bytes_per_element(kv_dtype)
+        attention = Attention(moe.n_layers * per_layer,
+                              4 * moe.n_layers * moe.n_heads * moe.head_dim)
+        held = window.read_bytes(context, bytes_per_element(kv_dtype)) / (moe.n_layers * per_layer)
+    model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
+                      attention, p, spec.peak_flops(p.compute), spec.bandwidth)
+    kernels = model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held))
+    read = weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes) \
+        - head * p.bytes_per_weight
+    return [model._roof("linear", k.flops, read) if k.name == "linear" else k for k in kernels]
+
+
+def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float,
+                          batch_per_gpu: int, context: int, **kw) -> float:
+    """Dollars per million output tokens at the step-time model's decode step."""
+    step = sum(k.seconds for k in decode_step_kernels(layout, device, batch_per_gpu, context, **kw))
+    return token_cost.usd_per_million(usd_per_gpu_hour, batch_per_gpu / step)
