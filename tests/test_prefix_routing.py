@@ -2,7 +2,9 @@
 
 import pytest
 
-from inferlab.analysis.prefix_routing import ChatWorkload, Replica, simulate
+from inferlab.analysis.prefix_routing import ChatWorkload, Replica, priced, simulate
+from inferlab.analysis.step_time import StepModel
+from inferlab.model.config import model_presets
 
 
 def test_every_turn_arrives_once_and_in_order_within_its_session():
@@ -39,3 +41,34 @@ def test_without_a_load_bound_everything_follows_the_shared_prompt_to_one_replic
 def test_an_unknown_router_is_refused():
     with pytest.raises(ValueError, match="router"):
         simulate(ChatWorkload(sessions=2, turns=1), 2, 8, "random")
+
+
+def _h100_llama3():
+    return StepModel.for_device(model_presets()["llama-3-8b"], "H100 SXM")
+
+
+def test_ttft_is_the_priced_prefill_of_the_uncached_tokens():
+    # one session, two turns, one roomy replica: turn 0 prefills its 8 + 4 blocks of 16 tokens
+    # from nothing; turn 1 finds those 192 tokens cached and prefills its 4 new blocks (64)
+    w = ChatWorkload(sessions=1, turns=2, system_blocks=8, turn_blocks=4, block_size=16)
+    run = simulate(w, 1, 100, "round_robin")
+    assert run["requests"] == [(0, 0, 192), (0, 192, 64)]
+    m = _h100_llama3()
+    out = priced(run, m, usd_per_hour=3.6)
+    expected = [m.rows_s([(192, 0)]), m.rows_s([(64, 192)])]
+    assert list(out["ttft_s"]) == pytest.approx(expected)
+    assert out["gpu_s"] == pytest.approx(sum(expected))
+    # $3.60 an hour is $0.001 a second, over 448 prompt tokens
+    assert out["usd_per_m_input"] == pytest.approx(1e-3 * sum(expected) / 448 * 1e6)
+    assert out["ttft_s"][1] < out["ttft_s"][0]  # the hit made the second turn cheaper
+
+
+def test_prefix_aware_routing_is_no_slower_and_no_dearer():
+    w = ChatWorkload(block_size=128)
+    m = _h100_llama3()
+    rr = priced(simulate(w, 4, 256, "round_robin"), m, 6.88)
+    pa = priced(simulate(w, 4, 256, "prefix_aware"), m, 6.88)
+    assert pa["hit_rate"] >= rr["hit_rate"]
+    assert pa["gpu_s"] < rr["gpu_s"] and pa["usd_per_m_input"] < rr["usd_per_m_input"]
+    assert pa["ttft_mean_s"] < rr["ttft_mean_s"]
+    assert len(rr["ttft_s"]) == w.sessions * w.turns

@@ -11,8 +11,10 @@ Routers: ``round_robin`` ignores the caches; ``prefix_aware`` sends each request
 holding its longest cached prefix among those not already ahead in load, breaking ties by the
 fewest requests so far: the two signals cache-aware routers weigh (SGLang's router, Dynamo's KV
 router), in their simplest form. ``simulate``
-returns the share of prompt tokens served from cache, the prefill tokens computed, and the load
-of each replica, so that a router that wins hits by piling work onto one replica shows it.
+returns the share of prompt tokens served from cache, the prefill tokens computed, the load
+of each replica (so that a router that wins hits by piling work onto one replica shows it) and
+each request's cached and new tokens; ``priced`` turns those into TTFT and dollars with the
+course's one step-time model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ def simulate(workload: ChatWorkload, replicas: int, capacity: int, router: str,
     replica)."""
     pool = [Replica(capacity) for _ in range(replicas)]
     hit = total = 0
+    served = []  # (replica, cached tokens, new tokens) per request, in arrival order
     for i, (session, turn) in enumerate(workload.requests()):
         blocks = workload.blocks(session, turn)
         if router == "round_robin":
@@ -94,10 +99,31 @@ def simulate(workload: ChatWorkload, replicas: int, capacity: int, router: str,
             r = max(fair, key=lambda p: (p.cached_prefix(blocks), -p.requests))
         else:
             raise ValueError(f"router must be round_robin or prefix_aware, got {router!r}")
-        hit += r.serve(blocks)
+        found = r.serve(blocks)
+        served.append((pool.index(r), found * workload.block_size,
+                       (len(blocks) - found) * workload.block_size))
+        hit += found
         total += len(blocks)
     loads = [p.requests for p in pool]
     return {"router": router, "hit_rate": hit / total,
             "prefill_tokens": (total - hit) * workload.block_size,
             "prompt_tokens": total * workload.block_size,
-            "load_imbalance": max(loads) / (sum(loads) / len(loads)), "loads": loads}
+            "load_imbalance": max(loads) / (sum(loads) / len(loads)), "loads": loads,
+            "requests": served}
+
+
+def priced(result: dict, model, usd_per_hour: float) -> dict:
+    """Time and money of a ``simulate`` result on ``model`` (a ``step_time.StepModel``).
+
+    Each request's prefill is one forward of its uncached tokens over its cached ones
+    (``StepModel.rows_s([(new, cached)])``), and its TTFT is taken as that forward alone: no
+    queueing behind other requests and no decode step, so the figure isolates what a cache hit
+    saves. GPU-seconds are the sum of the prefills over all replicas; at ``usd_per_hour`` per
+    device they give dollars per million prompt tokens."""
+    ttft = np.array([model.rows_s([(new, cached)]) for _, cached, new in result["requests"]])
+    gpu_s = float(ttft.sum())
+    return {"router": result["router"], "hit_rate": result["hit_rate"],
+            "ttft_mean_s": float(ttft.mean()), "ttft_p90_s": float(np.percentile(ttft, 90)),
+            "gpu_s": gpu_s,
+            "usd_per_m_input": usd_per_hour / 3600 * gpu_s / result["prompt_tokens"] * 1e6,
+            "ttft_s": ttft}
