@@ -89,8 +89,10 @@ SIZES = {
 # These are estimates (no lab has run on a GPU yet): a GPU does the labs' arithmetic in a blink,
 # so what remains is the kernel's start, torch's CUDA start-up, and the work every lab does on
 # the host (simulations, tables, plots). The first GPU run's summary gives the real times.
-LAB_BUDGET_S = {"01_roofline": 40, "02_kv_cache": 40, "03_paged_attention": 30,
-                "04_batching": 60, "05_quantization": 35, "07_prefill_decode": 40, "08_cost": 35}
+LAB_BUDGET_S = {"01_roofline": 35, "02_kv_cache": 35, "03_paged_attention": 30,
+                "04_batching": 55, "05_quantization": 35, "07_prefill_decode": 35, "08_cost": 35}
+# (Lab 10 took the default; four estimates gave 5 s each so that ten labs and the three
+# benchmarks still fit one 600 s device call.)
 DEFAULT_LAB_BUDGET_S = 35
 _CHECKS_MARGIN_S = 15  # of a lab's budget, kept for kernel start-up and the grader's checks
 
