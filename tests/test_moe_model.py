@@ -12,7 +12,8 @@ from inferlab.analysis.moe import expected_experts
 from inferlab.model.generate import generate
 from inferlab.model.llama import build_model
 from inferlab.model.config import ModelConfig
-from inferlab.model.moe import MoEModelConfig, build_moe_model, load_moe_checkpoint, route
+from inferlab.model.moe import MoEModelConfig, build_moe_model, route
+from inferlab.model.weights import load_moe_checkpoint
 from inferlab.model.routing import (distinct_experts, distinct_experts_by_batch, expert_load,
                                     imbalance, record_routing)
 from inferlab.model.weights import save_checkpoint

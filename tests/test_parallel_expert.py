@@ -3,7 +3,8 @@
 import torch
 
 from inferlab.model.generate import generate
-from inferlab.model.moe import MoEModelConfig, build_moe_model, load_moe_checkpoint
+from inferlab.model.moe import MoEModelConfig, build_moe_model
+from inferlab.model.weights import load_moe_checkpoint
 from inferlab.model.routing import record_routing
 from inferlab.model.weights import save_checkpoint
 from inferlab.parallel.expert import expected_dispatch_bytes_per_token

@@ -121,7 +121,7 @@ def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
     from matplotlib.layout_engine import ConstrainedLayoutEngine
     from matplotlib.ticker import LogFormatter
 
-    from inferlab.analysis.figures import plain_log_ticks
+    from inferlab.analysis.axes import plain_log_ticks
 
     for ax in fig.axes:
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
@@ -151,7 +151,7 @@ def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
 def _legends_below(fig) -> None:
     """Move each legend that sits right of its axes under it: beside the axes it would leave the
     data a fraction of a 688-pixel column."""
-    from inferlab.analysis.figures import legend_below
+    from inferlab.analysis.axes import legend_below
 
     for ax in fig.axes:
         legend = ax.get_legend()

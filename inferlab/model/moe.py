@@ -23,14 +23,13 @@ Training adds Switch Transformer's load-balancing loss (Fedus et al. 2022, arXiv
 eq. 4-6; the same as Hugging Face's ``load_balancing_loss_func``): ``router_logits`` collects the
 routers' outputs during a forward and ``load_balancing_loss`` turns them into E sum_e f_e P_e.
 ``save_checkpoint`` (``inferlab.model.weights``) writes this model as it writes the dense one;
-``load_moe_checkpoint`` reads it back.
+``inferlab.model.weights.load_moe_checkpoint`` reads it back.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -218,33 +217,3 @@ def build_moe_model(config: MoEModelConfig, seed: int = 0, device: str | torch.d
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return init_weights(model, seed).eval()
-
-
-def load_moe_checkpoint(path: str | Path, dtype=None,
-                        device: str | torch.device = "cpu") -> MoELlama:
-    """An ``MoELlama`` from a Mixtral-layout checkpoint (config.json + safetensors)."""
-    import json
-
-    from inferlab.model.weights import load_state_dict
-
-    path = Path(path)
-    hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    config = MoEModelConfig.from_hf_config(hf, name=path.name)
-    state = load_state_dict(path, dtype, device)
-    if config.tie_embeddings:
-        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
-    with torch.device("meta"):
-        model = MoELlama(config)
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{path} is not a {config.n_layers}-layer, {config.n_experts}-expert "
-                         f"Mixtral checkpoint: missing {missing[:6]}, unexpected {unexpected[:6]}")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} in the checkpoint but "
-                             f"config.json implies {tuple(expected[name].shape)}")
-    model.load_state_dict(state, assign=True)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval()

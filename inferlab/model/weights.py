@@ -39,7 +39,7 @@ from inferlab.model.generate import check_vocabulary
 from inferlab.model.generate import generate_text  # noqa: F401  (re-exported for Colab users)
 from inferlab.model.llama import Llama
 from inferlab.model.config import ModelConfig
-from inferlab.model.moe import load_moe_checkpoint
+from inferlab.model.moe import MoELlama, MoEModelConfig
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -339,3 +339,29 @@ def download_checkpoint(repo_id: str, local_dir: str | Path | None = None) -> Pa
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
     return Path(snapshot_download(repo_id, allow_patterns=patterns,
                                   local_dir=None if local_dir is None else str(local_dir)))
+
+
+def load_moe_checkpoint(path: str | Path, dtype=None,
+                        device: str | torch.device = "cpu") -> MoELlama:
+    """An ``MoELlama`` from a Mixtral-layout checkpoint (config.json + safetensors)."""
+    path = Path(path)
+    hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = MoEModelConfig.from_hf_config(hf, name=path.name)
+    state = load_state_dict(path, dtype, device)
+    if config.tie_embeddings:
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    with torch.device("meta"):
+        model = MoELlama(config)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path} is not a {config.n_layers}-layer, {config.n_experts}-expert "
+                         f"Mixtral checkpoint: missing {missing[:6]}, unexpected {unexpected[:6]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} in the checkpoint but "
+                             f"config.json implies {tuple(expected[name].shape)}")
+    model.load_state_dict(state, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()

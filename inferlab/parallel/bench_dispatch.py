@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from inferlab.model.moe import MoEModelConfig, build_moe_model, load_moe_checkpoint
+from inferlab.model.moe import MoEModelConfig, build_moe_model
+from inferlab.model.weights import load_moe_checkpoint
 from inferlab.model.routing import expert_load, imbalance, record_routing
 from inferlab.parallel.expert import expected_dispatch_bytes_per_token
 from inferlab.parallel.launch import run_ranks

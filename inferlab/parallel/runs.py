@@ -67,7 +67,8 @@ def expert_parallel_run(rank: int, world_size: int, jobs: list) -> list[dict]:
     holds the logits, the greedy continuation (every rank generates the same number of tokens,
     so the ranks' all-to-alls stay in step) and the dispatch counters of the forward pass alone.
     """
-    from inferlab.model.moe import build_moe_model, load_moe_checkpoint
+    from inferlab.model.moe import build_moe_model
+    from inferlab.model.weights import load_moe_checkpoint
     from inferlab.parallel.expert import DispatchCounter, shard_experts
 
     out = []

@@ -45,6 +45,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferlab.serve.chat import add_chat_route
+from inferlab.serve.errors import APIError
 from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
 from inferlab.serve.protocol import (API_NAMES, CompletionRequest, error_body, model_list,
@@ -54,22 +55,6 @@ from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import InvalidRequestError
 from inferlab.serving.request import Request as EngineRequest
-
-RETRY_AFTER_S = 1  # what 429 and 503 tell a client to wait before trying again
-
-
-class APIError(Exception):
-    """An OpenAI-style error answer."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry: bool = False):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type_, param, code)
-        self.headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body, self.status, headers=self.headers)
-
 
 class Detokenizer:
     """Token ids in, text deltas out, cut at the first stop string.

@@ -26,6 +26,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from inferlab.model.chat_template import TemplateError, load_chat_template, render_chat
+from inferlab.serve.errors import APIError
 from inferlab.serve.protocol import CompletionRequest
 from inferlab.serve.shapes import ChatShape
 
@@ -97,8 +98,6 @@ def add_chat_route(app, serve, tokenizer, max_context: int) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        from inferlab.serve.app import APIError  # app imports this module
-
         received = app.state.engine.clock.now()
         if template is None:
             raise APIError(400, "this model's tokenizer has no chat template; use "
