@@ -11,7 +11,8 @@ from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 
 
-@pytest.mark.parametrize("file", ["prices.csv", "api_prices.csv"])
+@pytest.mark.parametrize("file", ["prices.csv", "api_prices.csv", "chips_2026.csv",
+                                  "api_prices_2026.csv", "cost_inputs_2026.csv"])
 def test_every_price_row_has_a_source_a_date_and_a_status(file):
     rows = read_table(file)
     assert rows

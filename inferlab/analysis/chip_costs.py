@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from inferlab.analysis.hardware import DeviceSpec
-from inferlab.analysis.prices import STATUSES, parse_date
+from inferlab.analysis.prices import checked_row
 from inferlab.analysis.step_time import PRECISIONS, Precision, Shape, StepModel
 from inferlab.analysis.token_cost import kv_bytes_per_token, usd_per_million, weight_bytes
 from inferlab.data import read_table
@@ -47,16 +47,6 @@ FP4 = Precision("fp4", (E2M1_BITS + E8M0_BITS / MX_BLOCK) / 8, 1, "fp4",
                 "its block scale); FP8 KV cache")
 CHIP_PRECISIONS = {"bf16": PRECISIONS["bf16"], "fp8": PRECISIONS["fp8"], "fp4": FP4}
 UNITS = {"GB": 1e9, "GiB": 2**30}
-
-
-def _checked(row: dict, file: str) -> dict:
-    where = f"data/{file}, row {row.get('name') or row.get('model') or row.get('key')}"
-    if not row.get("source", "").strip():
-        raise ValueError(f"{where}: no source")
-    parse_date(row.get("date", ""))
-    if row.get("status") not in STATUSES:
-        raise ValueError(f"{where}: status must be one of {STATUSES}")
-    return row
 
 
 def _num(text: str, scale: float = 1.0) -> float | None:
@@ -83,7 +73,7 @@ class Chip:
 def load_chips() -> dict[str, Chip]:
     """Every row of ``data/chips_2026.csv``, checked, in table order."""
     out = {}
-    for row in (_checked(r, "chips_2026.csv") for r in read_table("chips_2026.csv")):
+    for row in (checked_row(r, "chips_2026.csv") for r in read_table("chips_2026.csv")):
         spec = DeviceSpec(row["name"], row["kind"], _num(row["bandwidth_gbs"], 1e9),
                           _num(row["peak_bf16_tflops"], 1e12), None,
                           _num(row["memory"], UNITS[row["memory_unit"]]), row["source"],
@@ -196,7 +186,7 @@ def cost_input(key: str) -> CostInput:
     """The row ``key`` of ``data/cost_inputs_2026.csv``, checked."""
     for row in read_table("cost_inputs_2026.csv"):
         if row["key"] == key:
-            _checked(row, "cost_inputs_2026.csv")
+            checked_row(row, "cost_inputs_2026.csv")
             return CostInput(key, float(row["value"]), row["unit"], row["date"], row["source"],
                              row["status"])
     raise ValueError(f"{key!r} is not in data/cost_inputs_2026.csv")
@@ -223,7 +213,7 @@ def api_prices_2026() -> list[ApiPrice]:
                      _num(r["usd_per_m_cached_input"]), _num(r["usd_per_m_cache_write"]),
                      float(r["usd_per_m_output"]), _num(r["batch_discount"]), r["date"],
                      r["status"])
-            for r in (_checked(row, "api_prices_2026.csv")
+            for r in (checked_row(row, "api_prices_2026.csv")
                       for row in read_table("api_prices_2026.csv"))]
 
 

@@ -37,9 +37,10 @@ def parse_date(text: str) -> _dt.date:
         raise ValueError(f"{text!r} is not a date of the form YYYY-MM-DD or YYYY-MM") from None
 
 
-def _checked(row: dict, file: str) -> dict:
-    """``row`` after checking that it is sourced, dated and has a known status."""
-    where = f"data/{file}, row {row}"
+def checked_row(row: dict, file: str) -> dict:
+    """``row`` of ``data/<file>`` after checking that it is sourced, dated and has a known status
+    (every table of prices, chips and cost inputs is read through it)."""
+    where = f"data/{file}, row {row.get('name') or row.get('model') or row.get('key') or row}"
     if not row.get("source", "").strip():
         raise ValueError(f"{where}: no source")
     parse_date(row.get("date", ""))
@@ -97,7 +98,7 @@ def device_prices() -> list[DevicePrice]:
     """Every row of ``data/prices.csv``, checked."""
     return [DevicePrice(r["device"], float(r["usd_per_hour"]), r["provider"], r["offering"],
                         r["date"], r["source"], r["status"])
-            for r in (_checked(row, "prices.csv") for row in read_table("prices.csv"))]
+            for r in (checked_row(row, "prices.csv") for row in read_table("prices.csv"))]
 
 
 def device_price(device: str, provider: str | None = None) -> DevicePrice:
@@ -117,4 +118,4 @@ def token_prices() -> list[TokenPrice]:
                        float(r["usd_per_m_cached_input"]), float(r["usd_per_m_cache_write"]),
                        float(r["usd_per_m_output"]),
                        r["date"], r["source"], r["status"])
-            for r in (_checked(row, "api_prices.csv") for row in read_table("api_prices.csv"))]
+            for r in (checked_row(row, "api_prices.csv") for row in read_table("api_prices.csv"))]
