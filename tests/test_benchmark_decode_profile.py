@@ -17,3 +17,16 @@ def test_the_profile_finds_every_linear_layer_and_the_lm_head():
     assert calls == c.n_layers * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
     head = [n for key, (_, n) in shapes.items() if (c.d_model, c.vocab_size) in key]
     assert head == [1]
+
+
+def test_the_kernel_probes_time_every_weight_both_ways_and_the_memory():
+    model = tiny_model(64, dtype="float32")
+    rates = decode_profile.kernel_probes(model, min_run_time=0.01)
+    assert set(rates) == {"read_stream", "copy", "gemv_as_stored", "gemv_in_out_layout"}
+    assert all(rate > 0 for rate in rates.values())
+
+
+def test_the_bare_model_step_decodes_one_token_over_a_contiguous_cache():
+    model = tiny_model(64, dtype="float32")
+    token = decode_profile.bare_step(model, context=20)()
+    assert token.shape == (1,) and 0 <= int(token) < model.config.vocab_size

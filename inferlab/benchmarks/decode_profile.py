@@ -2,6 +2,7 @@
 
     python -m inferlab.benchmarks.decode_profile                 # 'small', float32, 1 thread
     python -m inferlab.benchmarks.decode_profile --model tiny --context 256
+    python -m inferlab.benchmarks.decode_profile --write         # a record in data/measurements
 
 Times the engine's one forward (``inferlab.serving.runner.ModelRunner.forward``) on one decode
 row, then runs it under ``torch.profiler`` and sorts each operator's own CPU time into:
@@ -18,6 +19,16 @@ The floor is the weights' bytes over the bandwidth measured here (``measure_band
 ``inferlab.benchmarks.roofline``. The profiler adds its own overhead, so its shares are read
 against its own total; the step's time is measured without it. One thread by default: on a
 CPU that other programs share, more threads wait at every operator's barrier.
+
+Then it separates the kernel from the engine, each timed alone on the same thread (medians):
+
+- the memory itself: a read-only stream (a sum) and a copy over a buffer larger than the caches;
+- the matrix-vector kernel alone: every weight matrix of the model multiplied by one vector, in
+  the model's order, as the model stores them ((out, in), what ``F.linear`` reads), and the same
+  bytes stored the other way round ((in, out), ``x @ W``): if the kernel reached the read
+  stream's rate, the two would take the same time;
+- the bare model's decode step over a contiguous cache (``inferlab.model.kv_cache``), which is
+  the engine's step without its scheduler, block tables, metadata and sampling.
 """
 
 from __future__ import annotations
@@ -29,16 +40,22 @@ import time
 from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from inferlab.analysis import formulas
-from inferlab.analysis.hardware import measure_bandwidth
+from inferlab.analysis.hardware import cache_bytes, detect_device, measure_bandwidth
+from inferlab.measurements import write_record
+from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence
 from inferlab.serving.runner import ModelRunner
+from inferlab.timing import time_fn
+
+COMMAND = "python -m inferlab.benchmarks.decode_profile"
 
 LINEAR = {"aten::addmm", "aten::mm", "aten::mv", "aten::addmv", "aten::bmm"}
 ATTENTION = {"aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
@@ -86,6 +103,79 @@ def breakdown(step, calls: int = 20) -> tuple[dict[str, float], dict[tuple, tupl
     return dict(groups), {k: (s, n) for k, (s, n) in shapes.items()}
 
 
+def bare_step(model, context: int):
+    """One decode step of the model alone over a contiguous cache holding ``context`` tokens
+    (the same slot rewritten each call): the engine's step without the engine."""
+    cache = KVCache.for_model(model, 1, max_len=context + 1)
+    cache.length = context
+    token = torch.ones(1, 1, dtype=torch.long)
+    position = torch.tensor([context])
+
+    @torch.inference_mode()
+    def step():
+        cache.length = context
+        return model(token, position, cache)[:, -1].argmax(-1)
+    return step
+
+
+def kernel_probes(model, min_run_time: float = 1.0) -> dict[str, float]:
+    """Bytes per second of the memory (a read stream, a copy) and of the matrix-vector kernel over
+    the model's own weights, stored (out, in) as the model holds them and (in, out); medians."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    total = sum(w.numel() * w.element_size() for w in weights)
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+    flipped = [w.t().contiguous() for w in weights]
+
+    def stored():
+        for w in weights:
+            F.linear(xs[w.shape[1]], w)
+
+    def other_way():
+        for w in flipped:
+            xs[w.shape[0]] @ w
+    n = max(total, 2 * cache_bytes("cpu")) // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    timed = lambda fn: time_fn(fn, min_run_time=min_run_time).median_s  # noqa: E731
+    with torch.inference_mode():
+        rates = {"read_stream": 4 * n / timed(lambda: src.sum()),
+                 "copy": 8 * n / timed(lambda: dst.copy_(src)),
+                 "gemv_as_stored": total / timed(stored),
+                 "gemv_in_out_layout": total / timed(other_way)}
+    del flipped, src, dst
+    return rates
+
+
+def measure(model_name: str = "small", context: int = 33, threads: int = 1,
+            repeats: int = 30) -> tuple[dict, dict, dict]:
+    """The step, the floor, the kernel probes and the profile: (record, groups, shapes)."""
+    torch.set_num_threads(threads)
+    model = build_model(model_name, seed=0, dtype=torch.float32)
+
+    def median_wall(step) -> float:
+        for _ in range(3):
+            step()
+        walls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            walls.append(time.perf_counter() - t0)
+        return statistics.median(walls)
+    step = decode_step(model, context)
+    wall = median_wall(step)
+    bare = median_wall(bare_step(model, context))
+    bandwidth = measure_bandwidth("cpu", num_threads=threads).value
+    step_bytes = formulas.decode_bytes_per_step(model.config, torch.float32)
+    groups, shapes = breakdown(step)
+    profiled = sum(groups.values())
+    record = {"benchmark": "decode_profile", "model": model.config.name, "dtype": "float32",
+              "context": context, "weight_bytes": step_bytes, "probe_bandwidth": bandwidth,
+              "floor_s": step_bytes / bandwidth, "engine_step_s": wall, "bare_model_step_s": bare,
+              "fraction_of_floor": step_bytes / bandwidth / wall,
+              "kernel_bytes_per_s": kernel_probes(model),
+              "profile_shares": {name: seconds / profiled for name, seconds in groups.items()}}
+    return record, groups, shapes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inferlab.benchmarks.decode_profile",
                                      description=__doc__.split("\n\n")[0])
@@ -93,27 +183,22 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=33, help="tokens in the sequence")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls")
+    parser.add_argument("--write", action="store_true",
+                        help="write a record to data/measurements/")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    model = build_model(args.model, seed=0, dtype=torch.float32)
-    step = decode_step(model, args.context)
-    for _ in range(3):
-        step()
-    walls = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        step()
-        walls.append(time.perf_counter() - t0)
-    wall = statistics.median(walls)
-    bandwidth = measure_bandwidth("cpu", num_threads=args.threads).value
-    step_bytes = formulas.decode_bytes_per_step(model.config, torch.float32)
-    floor = step_bytes / bandwidth
-    print(f"'{model.config.name}' float32, {args.threads} thread(s), torch {torch.__version__}: "
-          f"{step_bytes / 1e6:,.0f} MB of weights a step; bandwidth {bandwidth / 1e9:.1f} GB/s; "
-          f"floor {floor * 1e3:.2f} ms")
+    record, groups, shapes = measure(args.model, args.context, args.threads, args.repeats)
+    wall, floor, bandwidth = record["engine_step_s"], record["floor_s"], record["probe_bandwidth"]
+    print(f"'{record['model']}' float32, {args.threads} thread(s), torch {torch.__version__}: "
+          f"{record['weight_bytes'] / 1e6:,.0f} MB of weights a step; bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s; floor {floor * 1e3:.2f} ms")
     print(f"engine decode step (batch 1, {args.context} tokens): median {wall * 1e3:.2f} ms, "
-          f"{floor / wall:.0%} of the floor")
-    groups, shapes = breakdown(step)
+          f"{floor / wall:.0%} of the floor; the bare model's step "
+          f"{record['bare_model_step_s'] * 1e3:.2f} ms")
+    rates = record["kernel_bytes_per_s"]
+    print("one thread's rates (GB/s): read stream {read_stream:.1f}, copy {copy:.1f}; the "
+          "matrix-vector kernel over the model's weights {gemv_as_stored:.1f} as stored "
+          "(out, in), {gemv_in_out_layout:.1f} stored (in, out)".format(
+              **{k: v / 1e9 for k, v in rates.items()}))
     profiled = sum(groups.values())
     rest = max(0.0, wall - profiled)
     print("where the time goes (operators' own time; the rest of the wall time is Python and "
@@ -130,6 +215,9 @@ def main(argv=None) -> int:
         weight = [s for s in key if len(s) == 2 and s[0] > 1 and s[1] > 1]
         gbs = (weight[-1][0] * weight[-1][1] * 4 * n / seconds / 1e9) if weight and seconds else 0
         print(f"  {str(key):45s} {seconds * 1e3:7.2f} ms {n:4d}x  {gbs:6.1f} GB/s")
+    if args.write:
+        record["command"] = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
+        print(f"written to {write_record(record, detect_device('cpu'))}")
     return 0
 
 

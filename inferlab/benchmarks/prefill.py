@@ -3,6 +3,7 @@
     python -m inferlab.benchmarks.prefill                     # the 'small' shape, float32
     python -m inferlab.benchmarks.prefill --threads 1 --prompts 128 1024
     python -m inferlab.benchmarks.prefill --model tiny --dtype bfloat16
+    python -m inferlab.benchmarks.prefill --threads 1 --write   # a record in data/measurements
 
 An optional check, not part of the course's requirements: it needs ``pip install transformers``
 and says so otherwise. The course's model (``inferlab.model.llama``) and transformers'
@@ -24,6 +25,7 @@ import torch
 
 from inferlab.analysis.hardware import detect_device
 from inferlab.device import check_dtype
+from inferlab.measurements import write_record
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
 from inferlab.timing import time_fn
@@ -112,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--min-run-time", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", action="store_true",
+                        help="write a record to data/measurements/")
     args = parser.parse_args(argv)
     try:
         import transformers
@@ -128,11 +132,20 @@ def main(argv=None) -> int:
     print(f"'{args.model}' in {str(dtype).removeprefix('torch.')} on {info.name}, "
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}, transformers "
           f"{transformers.__version__} (SDPA); best of {args.rounds} alternating rounds")
-    for row in compare(model, hf, args.prompts, args.min_run_time, args.rounds):
+    rows = compare(model, hf, args.prompts, args.min_run_time, args.rounds)
+    for row in rows:
         print(f"  prompt {row['prompt']:5d}: prefill {row['ours_prefill_s'] * 1e3:8.1f} ms vs "
               f"{row['hf_prefill_s'] * 1e3:8.1f} ms ({row['prefill_ratio']:.2f}x) | decode "
               f"{row['ours_decode_s'] * 1e3:6.1f} ms vs {row['hf_decode_s'] * 1e3:6.1f} ms "
               f"({row['decode_ratio']:.2f}x)")
+    if args.write:
+        command = " ".join(["python -m inferlab.benchmarks.prefill",
+                            *(argv if argv is not None else sys.argv[1:])])
+        record = {"benchmark": "prefill_vs_transformers", "command": command,
+                  "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+                  "transformers": transformers.__version__, "rounds": args.rounds,
+                  "results": rows}
+        print(f"  written to {write_record(record, info)}")
     return 0
 
 
