@@ -90,6 +90,10 @@ def _print_memory(report: dict) -> None:
         print(f"\n{name}: reservation   tokens  reserved  internal  free-unusable  batched  "
               "preempted")
         for p, s in r["policies"].items():
+            if s["mean_running"] == 0:  # MemoryUse averages only steps where someone waited
+                print(f"  {p:>20}   the pool held every request at once: memory never limited "
+                      "the batch (serve more requests)")
+                continue
             print(f"  {p:>20} {s['token_fraction']:>7.1%} {s['reserved_fraction']:>9.1%} "
                   f"{s['internal_fraction']:>9.1%} {s['free_fraction']:>14.1%} "
                   f"{s['mean_running']:>8.2f} {s['preemptions']:>10}")
