@@ -320,3 +320,20 @@ def test_any_split_into_prefill_chunks_and_steps_equals_recomputation(chunks, st
             torch.testing.assert_close(got, full[:, start:start + n], atol=1e-5, rtol=1e-5)
             start += n
     assert cache.length == total
+
+
+def test_capacity_takes_a_one_byte_cache_by_name_or_by_bytes():
+    from inferlab.analysis import formulas
+    from inferlab.analysis.capacity import capacity
+    from inferlab.model.config import ModelConfig
+
+    half = capacity("llama-3-8b", "A100 80GB SXM", context=4096)
+    by_name = capacity("llama-3-8b", "A100 80GB SXM", context=4096, kv_dtype="float8_e4m3fn")
+    by_bytes = capacity("llama-3-8b", "A100 80GB SXM", context=4096, kv_dtype=1)
+    assert by_name.max_requests == by_bytes.max_requests
+    assert by_name.kv_bytes_per_token * 2 == half.kv_bytes_per_token
+    assert by_name.kv_dtype == "float8_e4m3fn" and by_bytes.kv_dtype == "1-byte"
+    assert by_name.max_requests == formulas.max_concurrent_requests(
+        ModelConfig.from_name("llama-3-8b"), half.device_memory, 4096, 1,
+        half.activation_reserve, weights=half.weights)
+    assert half.max_requests < by_name.max_requests <= 2 * half.max_requests + 1

@@ -145,3 +145,17 @@ def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
     report = agreement(roof, samples)
     assert max(abs(e) for e in report.step_model_errors) < 1e-6
     assert "held-out" in report.table()
+
+
+def test_a_mixture_of_experts_reads_the_bytes_it_touches_and_computes_with_its_active_weights():
+    from dataclasses import replace
+
+    dense = StepModel.for_device(ModelConfig.from_name("llama-3-8b"), "H100 SXM", "bf16")
+    touched = 3 * dense.linear_params * dense.precision.bytes_per_weight
+    moe = replace(dense, linear_bytes=touched)
+    shape = Shape.decode(8, 8 * 1024)
+    (d, m) = ({k.name: k for k in model.kernels(shape)} for model in (dense, moe))
+    assert m["linear"].flops == d["linear"].flops and m["linear"].bytes == touched
+    assert m["attention"] == d["attention"] and m["lm_head"] == d["lm_head"]
+    assert moe.weight_bytes_read() - dense.weight_bytes_read() == 2 * dense.linear_params * 2
+    assert moe.scaled(0.5).linear_bytes == touched / 2

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.analysis import formulas
-from inferlab.device import parse_dtype
 from inferlab.analysis.figures import legend_outside
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
 from inferlab.model.config import ModelConfig, model_presets
@@ -74,17 +73,27 @@ def gpu_names() -> list[str]:
     return [name for name, spec in load_hardware().items() if spec.memory]
 
 
+def dtype_label(dtype) -> str:
+    """A number format as the tables print it: its name, or ``"1-byte"`` for bytes per number."""
+    if isinstance(dtype, (int, float)):
+        return f"{dtype:g}-byte"
+    return str(dtype).removeprefix("torch.")
+
+
 def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
              kv_dtype="bfloat16", weight_dtype="bfloat16",
              activation_reserve: float = DEFAULT_ACTIVATION_RESERVE,
              weights: float | None = None) -> Capacity:
-    """How many ``context``-token requests of ``model`` fit on ``device`` (a hardware-table row)."""
+    """How many ``context``-token requests of ``model`` fit on ``device`` (a hardware-table row).
+
+    ``kv_dtype`` is the cache's number format: a dtype name (``"bfloat16"``, or a one-byte
+    storage format such as ``"float8_e4m3fn"`` or ``"int8"``) or bytes per number."""
     config, spec = _config(model), _spec(device)
     w = formulas.weight_bytes(config, weight_dtype) if weights is None else weights
     budget = formulas.kv_memory_budget(config, spec.memory, weight_dtype, activation_reserve, w)
     return Capacity(
         model=config.name, device=spec.name, context=context,
-        kv_dtype=str(parse_dtype(kv_dtype)).removeprefix("torch."),
+        kv_dtype=dtype_label(kv_dtype),
         device_memory=spec.memory, weights=w, activation_reserve=activation_reserve,
         kv_budget=budget, kv_bytes_per_token=formulas.kv_bytes_per_token(config, kv_dtype),
         token_slots=formulas.kv_token_slots(config, max(budget, 0.0), kv_dtype),
@@ -143,7 +152,7 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
     ax.set_xlabel("context reserved per request (tokens)")
     ax.set_ylabel("requests that fit at once")
     ax.set_title(f"KV cache capacity on {spec.name} ({spec.memory / 1e9:.0f} GB), "
-                 f"{str(parse_dtype(kv_dtype)).removeprefix('torch.')} cache, "
+                 f"{dtype_label(kv_dtype)} cache, "
                  f"{activation_reserve / 1e9:.0f} GB reserve", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     legend_outside(ax)

@@ -154,8 +154,8 @@ def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, conte
 
     Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
     attention and dense parts, and on average its share of the tokens routed to its experts),
-    but read the weights its batch touches (``weight_bytes_per_gpu``), so the linear kernel's
-    bytes are replaced by those. Attention is MLA's (``mla.attention_cost``) or grouped-query
+    but read the weights its batch touches (``weight_bytes_per_gpu``): the model's
+    ``linear_bytes``. Attention is MLA's (``mla.attention_cost``) or grouped-query
     with the window layers reading at most their window. The dispatch and combine over the
     network are not priced.
     """
@@ -170,12 +170,12 @@ def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, conte
         attention = Attention(moe.n_layers * per_layer,
                               4 * moe.n_layers * moe.n_heads * moe.head_dim)
         held = window.read_bytes(context, bytes_per_element(kv_dtype)) / (moe.n_layers * per_layer)
-    model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
-                      attention, p, spec.peak_flops(p.compute), spec.bandwidth)
-    kernels = model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held))
     read = weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes) \
         - head * p.bytes_per_weight
-    return [model._roof("linear", k.flops, read) if k.name == "linear" else k for k in kernels]
+    model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
+                      attention, p, spec.peak_flops(p.compute), spec.bandwidth,
+                      linear_bytes=read)
+    return model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held))
 
 
 def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float,
