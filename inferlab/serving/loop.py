@@ -18,8 +18,8 @@ produces no token. When nothing can run, the server skips its clock to the next 
 of sleeping (the stamps are those a real-time server would have made, but an idle trace costs
 no waiting).
 
-A static batch's finished members that the policy holds (``Scheduler.padding``) ride along in
-the decode batch: the runner computes their rows and the loop drops what they produce.
+The padding rows a static batch lists (``Step.padding``: finished members it keeps) ride along
+in the decode batch: the runner computes their rows and the loop drops what they produce.
 
 Every step is logged as an ``Iteration`` of the same shape whatever the policy: its forward
 passes, each with its rows (sequence, new tokens, cached tokens, prompt work or a decode) and
@@ -229,20 +229,18 @@ class StepLoop:
 
     def _forwards(self, step: Step) -> list[list[tuple[Sequence, int]]]:
         """The step's forward passes, as rows ``(sequence, new tokens)``: with a token budget,
-        one pass of the decodes and the prefill chunks; without, a pass per prefill (its whole
-        prompt), then one of the decodes and any padding rows."""
-        decodes = [(s, 1) for s in step.decodes]
+        one pass of the decodes (and padding rows) and the prefill chunks; without, a pass per
+        prefill (its whole prompt), then one of the decodes and the padding rows."""
+        decodes = [(s, 1) for s in step.decodes + step.padding]
         if self.chunked:
             return [decodes + [(s, step.new_tokens(s)) for s in step.prefills]]
-        padding = [(s, 1) for s in self.scheduler.padding] if decodes else []
-        return [[(s, s.num_uncomputed)] for s in step.prefills] + \
-            ([decodes + padding] if decodes else [])
+        return [[(s, s.num_uncomputed)] for s in step.prefills] + ([decodes] if decodes else [])
 
     def _run(self, step: Step, now: float) -> list[int]:
         """Run the step's forward passes; return a token per scheduled sequence (its order)."""
         tokens: dict[int, int] = {}
         forwards = []
-        padding = set(map(id, self.scheduler.padding)) if step.decodes else set()
+        padding = set(map(id, step.padding))
         prefills = set(map(id, step.prefills))
         for rows in self._forwards(step):
             logged = tuple(Row(s.seq_id, n, s.row_start(n), id(s) in prefills) for s, n in rows)
@@ -265,8 +263,7 @@ class StepLoop:
         if self.on_iteration is not None:
             self.on_iteration(Iteration(
                 now, tuple(forwards), tuple(s.seq_id for s in step.preempted),
-                self.scheduler.memory.num_free,
-                tuple(s.seq_id for s in self.scheduler.padding if step.decodes)))
+                self.scheduler.memory.num_free, tuple(s.seq_id for s in step.padding)))
         return [tokens.get(id(s), 0) for s in step.scheduled]
 
 

@@ -213,7 +213,7 @@ class OnlineEngine:
     def idle(self) -> bool:
         """Nothing queued, running or in the inbox."""
         with self._lock:
-            return not self._inbox and not self._live
+            return not self._inbox and not self._live and self.loop.done
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until ``idle()`` (aborts take effect at the next step boundary); whether it is."""
@@ -244,7 +244,8 @@ class OnlineEngine:
         try:
             while True:
                 with self._lock:
-                    while not (self._inbox or self._aborts or self._live or self._stop):
+                    while not (self._inbox or self._aborts or self._live or self._stop) \
+                            and self.loop.done:  # (a static batch may hold finished members)
                         self._lock.wait()
                     if self._stop and not (self._inbox or self._aborts or self._live):
                         return
@@ -320,7 +321,7 @@ class OnlineEngine:
             for token in seq.output[stream.num_sent:]:
                 stream._push(token)
             stream.num_sent = len(seq.output)
-            if seq.is_done and not self.scheduler.holds(seq):
+            if seq.is_done:  # a static batch's padding member produces no more tokens
                 del self._live[seq_id]
                 stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
                 self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing

@@ -14,8 +14,9 @@ changes sequences only through its actions (``admit``, ``append_slot``, ``preemp
   that a long prompt never stalls the decodes for longer than one bounded step.
 - ``static_policy`` and ``make_static_policy``: request-level batching, and dynamic batching
   (a window to fill the batch), the baseline Chapter 4 compares against. Padding is this
-  policy's alone: it ``hold``s each member, so finished members keep their rows until the
-  batch is over, and it retires them itself.
+  policy's alone: it ``hold``s each member, so that a finished one keeps its place and its
+  memory, lists the finished ones as ``step.padding`` rows while the batch is in flight, and
+  retires them all when the batch is over.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
 
     While a batch is in flight nobody joins it, and (with ``pad``, as FasterTransformer-style
     engines do) members that finished keep their row as padding until the longest is done: the
-    policy holds them (``sched.hold``), the runner computes their rows and drops what they
-    produce, and the policy retires them when the batch is over. Then the waiting requests (up
+    policy holds them (``sched.hold``) and lists them in ``step.padding``, the runner computes
+    their rows and the loop drops what they produce, and the policy retires them when the batch
+    is over. Then the waiting requests (up
     to ``max_batch``, in arrival order, while their full-length reservations fit) form the next
     batch. With ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to
     that long after its oldest request arrived, hoping to fill. Prompts are prefilled one by one
@@ -129,6 +131,8 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
         for seq in live:
             sched.append_slot(seq)  # cannot fail: the batch reserved its blocks at launch
             step.decodes.append(seq)
+        if pad:
+            step.padding = [s for s in sched.running if s.is_done]
         return step
     for seq in list(sched.running):  # the batch is over: its held members leave with it
         sched.retire(seq)

@@ -126,7 +126,9 @@ def _static_hint(got, want) -> str:
         return "nobody may join a batch in flight: admit only when every member is done."
     if gpad != wpad:
         return ("finished members keep their row as padding until the whole batch is done: "
-                "hold each member when you admit it (sched.hold(seq)), so the scheduler does "
+                "while the batch is in flight, list them in the step "
+                "(step.padding = [seq for seq in sched.running if seq.is_done]), and hold "
+                "each member when you admit it (sched.hold(seq)) so that the scheduler does "
                 "not retire it when it finishes; retire them all when the batch is over.")
     if len(gp) > len(wp):
         return ("too many admitted: at most max_batch, and only while the blocks reserved for "
