@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import (Scheduler, SchedulingError, Step, continuous_policy,
     make_static_policy, static_policy)
@@ -84,7 +84,9 @@ def test_scheduler_invariants_under_random_traces(data, setup, policy_name):
 
     sched.preempt = preempt
     clock = VirtualClock()
-    stamps = drive(dict(enumerate(requests)), sched, CheckingRunner(sched, clock), clock)
+    loop = StepLoop(sched, CheckingRunner(sched, clock), clock)
+    loop.run(requests)
+    stamps = loop.stamps
     event(f"{policy_name}: preempted" if preemptions else f"{policy_name}: no preemption")
     # nothing lost, nothing duplicated, every output complete and in order
     assert sorted(s.seq_id for s in sched.finished) == list(range(len(requests)))

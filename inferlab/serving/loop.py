@@ -5,7 +5,7 @@
 (``inferlab.sim.simulator``), Chapter 3's memory experiment (``inferlab.sim.memory_sim``) and
 the simulated clusters of Chapter 7 (``inferlab.sim.disaggregation``, which steps several
 servers on one timeline). ``StepLoop.run`` serves a list of requests to the end and returns
-their ``Run``; ``drive`` does the same for the labs' checks and returns the token stamps.
+their ``Run`` (the token stamps stay in ``StepLoop.stamps``).
 
 Each step the server lets in the requests whose time has come, asks the scheduler for a
 ``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
@@ -46,7 +46,7 @@ from inferlab.serving.scheduler import Scheduler
 from inferlab.serving.step import Step
 
 __all__ = ["Forward", "Iteration", "Result", "Row", "Run", "StepLoop", "VirtualClock",
-           "WallClock", "collect_results", "drive"]  # the log and the run, re-exported
+           "WallClock", "collect_results"]  # the log and the run, re-exported
 
 
 class WallClock(Clock):
@@ -122,19 +122,16 @@ class StepLoop:
         heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
         self.stamps.setdefault(seq.seq_id, [])
 
-    def submit_all(self, requests: dict[int, Request]) -> None:
-        """Submit every request (key i becomes sequence i), in arrival order."""
-        for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
-            self.submit(Sequence.of(i, requests[i]))
-
     def run(self, requests: list[Request], refused: dict[int, str] | None = None) -> Run:
-        """Serve ``requests`` except the ``refused`` ones (index: why) to the end: their
-        ``Run``, with this loop's iteration log."""
+        """Serve ``requests`` (request i becomes sequence i) except the ``refused`` ones (index:
+        why) to the end: their ``Run``, with this loop's iteration log."""
         refused = refused or {}
         iterations: list[Iteration] = []
         if self.on_iteration is None:
             self.on_iteration = iterations.append
-        self.submit_all({i: r for i, r in enumerate(requests) if i not in refused})
+        for i, request in enumerate(requests):
+            if i not in refused:
+                self.submit(Sequence.of(i, request))
         while not self.done:
             self.step()
         sched = self.scheduler
@@ -266,13 +263,3 @@ class StepLoop:
                 self.scheduler.memory.num_free, tuple(s.seq_id for s in step.padding)))
         return [tokens.get(id(s), 0) for s in step.scheduled]
 
-
-def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, clock: Clock,
-          on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
-    """Serve ``requests`` (key i becomes sequence i) on one ``StepLoop``; return the token
-    stamps. The sequences end in ``scheduler.finished``."""
-    loop = StepLoop(scheduler, runner, clock, on_iteration)
-    loop.submit_all(requests)
-    while not loop.done:
-        loop.step()
-    return loop.stamps

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from inferlab.serving.request import Sequence, Status
+from inferlab.serving.request import Status
 from inferlab.serving.step import Step
 
 if TYPE_CHECKING:  # the scheduler imports this module, never the other way round
@@ -106,11 +106,6 @@ def chunked_policy(sched: Scheduler, now: float = 0.0) -> Step:
     return step
 
 
-def static_reservation(sched: Scheduler, seqs: list[Sequence]) -> int:
-    """Blocks a static batch reserves: each member's longest length, from the start."""
-    return sum(sched.blocks_for(s.max_tokens) for s in seqs)
-
-
 def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
                   pad: bool = True) -> Step:
     """Request-level (static) batching: form a batch, run it until its last member finishes.
@@ -142,9 +137,10 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
     if max_wait_s > 0 and len(sched.waiting) < sched.max_batch and now < deadline:
         step.wake_at_s = deadline
         return step
-    batch: list[Sequence] = []
+    batch, reserved = [], 0  # blocks for each member's longest length, from the start
     for seq in sched.waiting[:sched.max_batch]:
-        if static_reservation(sched, batch + [seq]) > sched.memory.num_free:
+        reserved += sched.blocks_for(seq.max_tokens)
+        if reserved > sched.memory.num_free:
             break
         batch.append(seq)
     for seq in batch:

@@ -44,14 +44,13 @@ from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import MemoryManager
 from inferlab.serving.policies import (POLICIES, chunked_policy, continuous_policy,
-                                       make_static_policy, resolve_policy, static_policy,
-                                       static_reservation)
+                                       make_static_policy, resolve_policy, static_policy)
 from inferlab.serving.request import Sequence, Status
 from inferlab.serving.step import SchedulingError, Step
 
 __all__ = ["POLICIES", "Scheduler", "SchedulingError", "Step", "chunked_policy",
-           "continuous_policy", "make_static_policy", "resolve_policy", "static_policy",
-           "static_reservation"]  # the policies and the step keep their names here too
+           "continuous_policy", "make_static_policy", "resolve_policy", "static_policy"]
+# the policies and the step keep their names here too
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:

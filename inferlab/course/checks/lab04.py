@@ -26,7 +26,7 @@ from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 
@@ -80,9 +80,9 @@ def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
     clock = VirtualClock()
     log = []
     total = sum(r.max_new_tokens for r in requests)
-    drive(dict(enumerate(requests)), sched, _FakeRunner(clock, 20 * total + 100), clock,
-          lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
-                                 it.padding_ids, it.preempted)))
+    StepLoop(sched, _FakeRunner(clock, 20 * total + 100), clock,
+             lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
+                                    it.padding_ids, it.preempted))).run(requests)
     return log, sched
 
 
