@@ -305,24 +305,18 @@ class OnlineEngine:
     def _deliver(self) -> None:
         """Push every live sequence's new tokens; end the streams of finished ones, and of those
         the server took out after a failure (with the error)."""
-        failures, self.loop.failures = self.loop.failures, []
-        for seq, why in failures:
-            entry = self._live.pop(seq.seq_id, None)
-            if entry is None:
-                continue
-            stream = entry[1]
-            for token in seq.output[stream.num_sent:]:  # what it produced before the failure
-                stream._push(token)
-            stream.num_sent = len(seq.output)
-            self.num_failed += 1
-            stream._push(Finished("error", self._timing(seq), seq.num_preemptions, error=why))
-            self.loop.stamps.pop(seq.seq_id, None)
+        failed = {seq.seq_id: why for seq, why in self.loop.failures}
+        self.loop.failures = []
         for seq_id, (seq, stream) in list(self._live.items()):
-            for token in seq.output[stream.num_sent:]:
+            for token in seq.output[stream.num_sent:]:  # (a failed one's: before the failure)
                 stream._push(token)
             stream.num_sent = len(seq.output)
-            if seq.is_done:  # a static batch's padding member produces no more tokens
+            # a static batch's padding member is done too: it produces no more tokens
+            if seq_id in failed or seq.is_done:
                 del self._live[seq_id]
-                stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
+                self.num_failed += seq_id in failed
+                reason = "error" if seq_id in failed else seq.finish_reason
+                stream._push(Finished(reason, self._timing(seq), seq.num_preemptions,
+                                      failed.get(seq_id)))
                 self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
         self.scheduler.finished.clear()
