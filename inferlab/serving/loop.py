@@ -166,8 +166,11 @@ class StepLoop:
         return self._pending[0][0] if self._pending else math.inf
 
     def fail(self, seqs: list[Sequence], stage: str, error: BaseException) -> None:
-        """Take ``seqs`` out wherever they are, freeing their blocks, and record why in
-        ``failures``; a sequence already finished or taken out is left alone."""
+        """``error`` was raised in ``stage``, blamed on ``seqs``: without ``isolate``, raise it;
+        with it, take ``seqs`` out wherever they are, freeing their blocks, and record why in
+        ``failures`` (a sequence already finished or taken out is left alone)."""
+        if not self.isolate:
+            raise error
         why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
         for seq in dict.fromkeys(seqs):  # once each, in order
             if seq.status is not Status.FINISHED:
@@ -182,14 +185,10 @@ class StepLoop:
             try:
                 self.scheduler.add(seq)
             except Exception as error:
-                if not self.isolate:
-                    raise
                 self.fail([seq], "admitting it", error)
         try:
             step: Step = self.scheduler.schedule(now)
         except Exception as error:
-            if not self.isolate:
-                raise
             self.fail([*self.scheduler.running, *self.scheduler.waiting[:1]], "scheduling",
                       error)
             return []
@@ -208,21 +207,17 @@ class StepLoop:
         try:
             return self.scheduler.update(step, tokens)
         except Exception as error:
-            if not self.isolate:
-                raise
             self.fail(step.scheduled, "recording the step's tokens", error)
             return []
 
     def _drop(self, step: Step, seqs: list[Sequence], stage: str, error: BaseException) -> None:
-        """Isolation: ``seqs`` failed in ``stage``; take them out of the step and the engine."""
-        if not self.isolate:
-            raise error
+        """``seqs`` failed in ``stage``: take them out of the engine (``fail``) and the step."""
+        self.fail(seqs, stage, error)
         gone = set(map(id, seqs))
         step.prefills[:] = [s for s in step.prefills if id(s) not in gone]
         step.decodes[:] = [s for s in step.decodes if id(s) not in gone]
         for seq in seqs:
             step.chunks.pop(seq, None)
-        self.fail(seqs, stage, error)
 
     def _forwards(self, step: Step) -> list[list[tuple[Sequence, int]]]:
         """The step's forward passes, as rows ``(sequence, new tokens)``: with a token budget,

@@ -139,7 +139,6 @@ class OnlineEngine:
         self.clock = WallClock()
         self.loop = StepLoop(self.scheduler, ModelRunner(model, self.cache), self.clock,
                              on_prefill=self._first_token, isolate=True)
-        self.num_steps = 0
         self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
         self._ids = itertools.count()
         self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
@@ -257,7 +256,6 @@ class OnlineEngine:
                     self._abort(stream)
                 if not self.loop.done:
                     self.loop.step()
-                    self.num_steps += 1
                 self._deliver()
         except Exception as error:
             self.error = error
