@@ -144,7 +144,8 @@ class Scheduler:
         seq.table.append(1)
 
     def hold(self, seq: Sequence) -> None:
-        """Keep a running ``seq`` in the batch once it finishes, until the policy retires it."""
+        """Keep a running ``seq``, its place and its memory, once it finishes: ``update`` does not
+        retire it, the policy will (static batching holds its members until the batch ends)."""
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"hold: {seq!r} is not running")
         self._held.add(seq)
