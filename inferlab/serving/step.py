@@ -66,5 +66,7 @@ class Step:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the step runs through the model (what a token budget bounds)."""
-        return sum(self.new_tokens(s) for s in self.prefills) + len(self.decodes)
+        """Tokens the step runs through the model (what a token budget bounds): padding rows
+        are computed too."""
+        return sum(self.new_tokens(s) for s in self.prefills) + len(self.decodes) + \
+            len(self.padding)
