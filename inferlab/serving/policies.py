@@ -114,11 +114,11 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
     engines do) members that finished keep their row as padding until the longest is done: the
     policy holds them (``sched.hold``) and lists them in ``step.padding``, the runner computes
     their rows and the loop drops what they produce, and the policy retires them when the batch
-    is over. Then the waiting requests (up
-    to ``max_batch``, in arrival order, while their full-length reservations fit) form the next
-    batch. With ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to
-    that long after its oldest request arrived, hoping to fill. Prompts are prefilled one by one
-    at their own length (kinder to the baseline than padding them to the longest).
+    is over. Then the waiting requests (up to ``max_batch``, in arrival order, while their
+    full-length reservations fit) form the next batch. With ``max_wait_s`` > 0 this is *dynamic
+    batching*: an incomplete batch waits up to that long after its oldest request arrived,
+    hoping to fill. Prompts are prefilled one by one at their own length (kinder to the
+    baseline than padding them to the longest).
     """
     step = Step()
     live = [s for s in sched.running if not s.is_done]
