@@ -19,7 +19,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked_policy
@@ -110,7 +110,9 @@ def test_chunked_scheduler_invariants_under_random_traces(data, block_size, max_
     sched = Scheduler(ServingConfig(block_size=block_size, num_blocks=num_blocks,
                                     max_batch=max_batch, policy="chunked", token_budget=budget))
     clock = VirtualClock()
-    stamps = drive(dict(enumerate(requests)), sched, ChunkRunner(sched, clock), clock)
+    loop = StepLoop(sched, ChunkRunner(sched, clock), clock)
+    loop.run(requests)
+    stamps = loop.stamps
     event("preempted" if sched.num_preemptions else "no preemption")
     assert sorted(s.seq_id for s in sched.finished) == list(range(len(requests)))
     for seq in sched.finished:

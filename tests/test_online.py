@@ -51,6 +51,20 @@ def test_streams_equal_offline_serve_while_requests_keep_arriving(engine):
     assert engine.blocks_in_use == 0 and engine.idle()
 
 
+def test_a_static_batch_ends_each_stream_when_done_and_frees_its_blocks_at_the_end():
+    config = ServingConfig(num_blocks=64, max_batch=4, policy="static")
+    reqs = [Request(r.prompt, n) for r, n in zip(requests(3, seed=2), (2, 9, 5))]
+    offline = serve(model(), reqs, config)
+    eng = OnlineEngine(model(), config)
+    try:
+        streams = [eng.submit(r) for r in reqs]
+        for s, res in zip(streams, offline.results):
+            assert s.result() == list(res.tokens)  # a padding member streams nothing more
+        assert eng.wait_idle() and eng.blocks_in_use == 0  # the batch ended, and freed them
+    finally:
+        eng.shutdown(drain=False)
+
+
 def test_abort_frees_blocks_at_once_and_others_continue(engine):
     long, other = requests(2, seed=1, max_new=80)
     a, b = engine.submit(long), engine.submit(other)

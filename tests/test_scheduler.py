@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import (Scheduler, SchedulingError, Step, continuous_policy,
     make_static_policy, static_policy)
@@ -84,7 +84,9 @@ def test_scheduler_invariants_under_random_traces(data, setup, policy_name):
 
     sched.preempt = preempt
     clock = VirtualClock()
-    stamps = drive(dict(enumerate(requests)), sched, CheckingRunner(sched, clock), clock)
+    loop = StepLoop(sched, CheckingRunner(sched, clock), clock)
+    loop.run(requests)
+    stamps = loop.stamps
     event(f"{policy_name}: preempted" if preemptions else f"{policy_name}: no preemption")
     # nothing lost, nothing duplicated, every output complete and in order
     assert sorted(s.seq_id for s in sched.finished) == list(range(len(requests)))
@@ -196,7 +198,7 @@ def test_static_batch_admits_nobody_until_it_is_done_and_pads_finished_rows():
     sched.add(late)
     for _ in range(3):
         step = sched.schedule()
-        assert step.decodes == [long_] and sched.padding == [short] and not step.prefills
+        assert step.decodes == [long_] and step.padding == [short] and not step.prefills
         sched.update(step, [5])
     step = sched.schedule()  # the batch is over: it leaves as a whole, the late one starts
     assert step.prefills == [late] and short.status is Status.FINISHED
@@ -247,6 +249,36 @@ def test_policies_that_break_the_rules_are_stopped():
             step = sched.schedule()
             sched.update(step, [1] * len(step.scheduled))
             sched.schedule()
+
+
+def test_padding_rows_are_finished_members_the_step_does_not_compute_otherwise():
+    def pads_a_live_sequence(sched, now):
+        step = continuous_policy(sched, now)
+        if len(step.decodes) > 1:
+            step.padding = [step.decodes.pop()]
+        return step
+
+    def pads_a_decode(sched, now):  # also decodes what it pads: scheduled twice
+        step = static_policy(sched, now)
+        step.padding += step.decodes
+        return step
+
+    def pads_without_decodes(sched, now):
+        step = static_policy(sched, now)
+        if step.decodes:
+            step.decodes.clear()
+        return step
+
+    for policy, message in [(pads_a_live_sequence, "not done"),
+                            (pads_a_decode, "scheduled twice"),
+                            (pads_without_decodes, "ride along with a decode batch")]:
+        sched = scheduler(20, block_size=4, max_batch=4, policy=policy)
+        for i, new in enumerate((1, 4, 4)):
+            sched.add(seq(i, 3, new))
+        with pytest.raises(SchedulingError, match=message):
+            for _ in range(3):
+                step = sched.schedule()
+                sched.update(step, [1] * len(step.scheduled))
 
 
 def test_actions_refuse_wrong_states():

@@ -4,7 +4,7 @@ Read in this order: ``config`` (``ServingConfig``, the one object of sizes every
 ``request`` (a request, the check every front door runs on it, the sequence the engine makes of
 it, its longest length), ``block_manager`` (blocks, block tables, the paged memory the scheduler
 admits through), ``reservation`` (the contiguous reservations paging replaced, with the same
-interface), ``step`` (what one iteration runs: its prefills, decodes, chunks and
+interface), ``step`` (what one iteration runs: its prefills, decodes, chunks, padding rows and
 preemptions), ``scheduler`` (the queues and the only actions that change a sequence),
 ``policies`` (who prefills, decodes or is preempted each step: continuous, chunked, static and
 dynamic batching, written with those actions), ``paged_cache``

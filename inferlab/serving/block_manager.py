@@ -97,11 +97,15 @@ class BlockAllocator:
         self._refcounts[block] = 1
         return block
 
-    def _check_owned(self, block: int, action: str) -> None:
+    def refcount(self, block: int) -> int:
+        """How many owners ``block`` has (0: free)."""
         if not isinstance(block, int) or not 0 <= block < self.num_blocks:
-            raise BlockStateError(f"cannot {action} block {block!r}: blocks are numbered "
+            raise BlockStateError(f"block {block!r} does not exist: blocks are numbered "
                                   f"0..{self.num_blocks - 1}")
-        if self._refcounts[block] == 0:
+        return self._refcounts[block]
+
+    def _check_owned(self, block: int, action: str) -> None:
+        if self.refcount(block) == 0:
             raise BlockStateError(f"cannot {action} block {block}: it is free (a double free, "
                                   "or a block used after its last owner freed it)")
 
@@ -122,12 +126,6 @@ class BlockAllocator:
         """The queued copy-on-write copies, oldest first; the queue is empty afterwards."""
         copies, self.pending_copies = self.pending_copies, []
         return copies
-
-    def refcount(self, block: int) -> int:
-        """How many owners ``block`` has (0: free)."""
-        if not 0 <= block < self.num_blocks:
-            raise BlockStateError(f"block {block} does not exist (0..{self.num_blocks - 1})")
-        return self._refcounts[block]
 
     def __repr__(self) -> str:
         return f"BlockAllocator({self.num_free}/{self.num_blocks} free)"
@@ -265,8 +263,10 @@ class BlockManager(MemoryManager):
         return self.blocks_for(longest) <= self.num_blocks
 
     def can_allocate(self, tokens: int, longest: int) -> bool:
-        """Whether a sequence bringing ``tokens`` tokens may be admitted now."""
-        return self.allocator.can_allocate(self.blocks_for(tokens) + self.watermark_blocks)
+        """Whether a sequence bringing ``tokens`` tokens may be admitted now (blocks that only a
+        prefix cache holds count as free: it evicts them to make the room)."""
+        free = self.num_free + self.num_cached_only
+        return free >= self.blocks_for(tokens) + self.watermark_blocks
 
     def allocate(self, tokens: int, longest: int) -> BlockTable:
         """A new table holding ``tokens`` tokens; OutOfBlocksError, changing nothing, if no room."""

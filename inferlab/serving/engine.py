@@ -5,7 +5,7 @@ Underneath, three parts with one job each, all reading one ``ServingConfig``:
 - the ``Scheduler`` (``inferlab.serving.scheduler``) decides every iteration who prefills, who
   decodes and who is preempted, and is the only code that changes a sequence's state;
 - the ``ModelRunner`` (``inferlab.serving.runner``) runs those decisions on the model over the
-  paged KV cache (``inferlab.serving.paged_cache``) and samples greedily;
+  paged KV cache (``inferlab.serving.paged_cache``) and samples each row's next token;
 - the ``StepLoop`` (``inferlab.serving.loop``) is the loop between them; the discrete-event
   simulator (``inferlab.sim.simulator``) runs the same loop with modelled step times and
   returns a ``Run`` of the same shape.
@@ -32,7 +32,7 @@ from inferlab.device import free_memory_bytes
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Run, StepLoop, WallClock
-from inferlab.serving import paged_cache
+from inferlab.serving.paged_cache import block_bytes
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
 from inferlab.serving.runner import ModelRunner
@@ -54,15 +54,6 @@ def refusals(requests: list[Request], model_config, num_blocks: int | None = Non
             name = r.request_id if r.request_id is not None else i
             refused[i] = f"request {name} refused: {error}"
     return refused
-
-
-def block_bytes(model, block_size: int, config: ServingConfig | None = None) -> int:
-    """Bytes one KV block of ``model``'s paged cache takes: K and V, every layer,
-    ``block_size`` tokens, in the dtype the cache stores (``config.kv_cache_dtype``, else the
-    model's compute dtype; never a weight's: an int8-quantized model still computes, and caches
-    K/V, in floats)."""
-    return paged_cache.block_bytes(model.config, block_size,
-                                   paged_cache.cache_dtype(model, config))
 
 
 def pool_blocks(model, requests: list[Request], config: ServingConfig,

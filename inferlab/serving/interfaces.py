@@ -31,12 +31,8 @@ class MemoryManager(Protocol):
     """Admits sequences into a pool of ``num_blocks`` blocks and grows them."""
 
     reserves_ahead: bool  # whether a sequence holds room for tokens it has not produced yet
-
-    @property
-    def num_blocks(self) -> int: ...
-
-    @property
-    def num_free(self) -> int: ...
+    num_blocks: int       # the pool's size (token slots, for a contiguous memory)
+    num_free: int         # how many of them are free now
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that ``tokens`` tokens occupy."""

@@ -43,7 +43,8 @@ class Iteration:
     Every policy logs the same shape. Without a token budget a step is a forward per prefill
     (one row each, a whole prompt), then one forward for the decode batch; with one, the whole
     step is one forward whose rows are the decodes and the prefill chunks. ``padding_ids`` are
-    the decode rows of finished sequences a static batch keeps (computed, their tokens dropped).
+    the step's padding rows (``Step.padding``: finished members a static batch keeps in its
+    decode forward, computed and their tokens dropped).
     """
 
     start_s: float

@@ -5,7 +5,7 @@
 (``inferlab.sim.simulator``), Chapter 3's memory experiment (``inferlab.sim.memory_sim``) and
 the simulated clusters of Chapter 7 (``inferlab.sim.disaggregation``, which steps several
 servers on one timeline). ``StepLoop.run`` serves a list of requests to the end and returns
-their ``Run``; ``drive`` does the same for the labs' checks and returns the token stamps.
+their ``Run`` (the token stamps stay in ``StepLoop.stamps``).
 
 Each step the server lets in the requests whose time has come, asks the scheduler for a
 ``Step``, has a *runner* execute it, stamps each new token with the clock, and hands the tokens
@@ -18,8 +18,8 @@ produces no token. When nothing can run, the server skips its clock to the next 
 of sleeping (the stamps are those a real-time server would have made, but an idle trace costs
 no waiting).
 
-A static batch's finished members that the policy holds (``Scheduler.padding``) ride along in
-the decode batch: the runner computes their rows and the loop drops what they produce.
+The padding rows a static batch lists (``Step.padding``: finished members it keeps) ride along
+in the decode batch: the runner computes their rows and the loop drops what they produce.
 
 Every step is logged as an ``Iteration`` of the same shape whatever the policy: its forward
 passes, each with its rows (sequence, new tokens, cached tokens, prompt work or a decode) and
@@ -46,7 +46,7 @@ from inferlab.serving.scheduler import Scheduler
 from inferlab.serving.step import Step
 
 __all__ = ["Forward", "Iteration", "Result", "Row", "Run", "StepLoop", "VirtualClock",
-           "WallClock", "collect_results", "drive"]  # the log and the run, re-exported
+           "WallClock", "collect_results"]  # the log and the run, re-exported
 
 
 class WallClock(Clock):
@@ -122,19 +122,16 @@ class StepLoop:
         heapq.heappush(self._pending, (seq.arrival_s if at_s is None else at_s, seq.seq_id, seq))
         self.stamps.setdefault(seq.seq_id, [])
 
-    def submit_all(self, requests: dict[int, Request]) -> None:
-        """Submit every request (key i becomes sequence i), in arrival order."""
-        for i in sorted(requests, key=lambda i: (requests[i].arrival_s, i)):
-            self.submit(Sequence.of(i, requests[i]))
-
     def run(self, requests: list[Request], refused: dict[int, str] | None = None) -> Run:
-        """Serve ``requests`` except the ``refused`` ones (index: why) to the end: their
-        ``Run``, with this loop's iteration log."""
+        """Serve ``requests`` (request i becomes sequence i) except the ``refused`` ones (index:
+        why) to the end: their ``Run``, with this loop's iteration log."""
         refused = refused or {}
         iterations: list[Iteration] = []
         if self.on_iteration is None:
             self.on_iteration = iterations.append
-        self.submit_all({i: r for i, r in enumerate(requests) if i not in refused})
+        for i, request in enumerate(requests):
+            if i not in refused:
+                self.submit(Sequence.of(i, request))
         while not self.done:
             self.step()
         sched = self.scheduler
@@ -169,8 +166,11 @@ class StepLoop:
         return self._pending[0][0] if self._pending else math.inf
 
     def fail(self, seqs: list[Sequence], stage: str, error: BaseException) -> None:
-        """Take ``seqs`` out wherever they are, freeing their blocks, and record why in
-        ``failures``; a sequence already finished or taken out is left alone."""
+        """``error`` was raised in ``stage``, blamed on ``seqs``: without ``isolate``, raise it;
+        with it, take ``seqs`` out wherever they are, freeing their blocks, and record why in
+        ``failures`` (a sequence already finished or taken out is left alone)."""
+        if not self.isolate:
+            raise error
         why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
         for seq in dict.fromkeys(seqs):  # once each, in order
             if seq.status is not Status.FINISHED:
@@ -185,14 +185,10 @@ class StepLoop:
             try:
                 self.scheduler.add(seq)
             except Exception as error:
-                if not self.isolate:
-                    raise
                 self.fail([seq], "admitting it", error)
         try:
             step: Step = self.scheduler.schedule(now)
         except Exception as error:
-            if not self.isolate:
-                raise
             self.fail([*self.scheduler.running, *self.scheduler.waiting[:1]], "scheduling",
                       error)
             return []
@@ -211,38 +207,32 @@ class StepLoop:
         try:
             return self.scheduler.update(step, tokens)
         except Exception as error:
-            if not self.isolate:
-                raise
             self.fail(step.scheduled, "recording the step's tokens", error)
             return []
 
     def _drop(self, step: Step, seqs: list[Sequence], stage: str, error: BaseException) -> None:
-        """Isolation: ``seqs`` failed in ``stage``; take them out of the step and the engine."""
-        if not self.isolate:
-            raise error
+        """``seqs`` failed in ``stage``: take them out of the engine (``fail``) and the step."""
+        self.fail(seqs, stage, error)
         gone = set(map(id, seqs))
         step.prefills[:] = [s for s in step.prefills if id(s) not in gone]
         step.decodes[:] = [s for s in step.decodes if id(s) not in gone]
         for seq in seqs:
             step.chunks.pop(seq, None)
-        self.fail(seqs, stage, error)
 
     def _forwards(self, step: Step) -> list[list[tuple[Sequence, int]]]:
         """The step's forward passes, as rows ``(sequence, new tokens)``: with a token budget,
-        one pass of the decodes and the prefill chunks; without, a pass per prefill (its whole
-        prompt), then one of the decodes and any padding rows."""
-        decodes = [(s, 1) for s in step.decodes]
+        one pass of the decodes (and padding rows) and the prefill chunks; without, a pass per
+        prefill (its whole prompt), then one of the decodes and the padding rows."""
+        decodes = [(s, 1) for s in step.decodes + step.padding]
         if self.chunked:
             return [decodes + [(s, step.new_tokens(s)) for s in step.prefills]]
-        padding = [(s, 1) for s in self.scheduler.padding] if decodes else []
-        return [[(s, s.num_uncomputed)] for s in step.prefills] + \
-            ([decodes + padding] if decodes else [])
+        return [[(s, s.num_uncomputed)] for s in step.prefills] + ([decodes] if decodes else [])
 
     def _run(self, step: Step, now: float) -> list[int]:
         """Run the step's forward passes; return a token per scheduled sequence (its order)."""
         tokens: dict[int, int] = {}
         forwards = []
-        padding = set(map(id, self.scheduler.padding)) if step.decodes else set()
+        padding = set(map(id, step.padding))
         prefills = set(map(id, step.prefills))
         for rows in self._forwards(step):
             logged = tuple(Row(s.seq_id, n, s.row_start(n), id(s) in prefills) for s, n in rows)
@@ -265,17 +255,6 @@ class StepLoop:
         if self.on_iteration is not None:
             self.on_iteration(Iteration(
                 now, tuple(forwards), tuple(s.seq_id for s in step.preempted),
-                self.scheduler.memory.num_free,
-                tuple(s.seq_id for s in self.scheduler.padding if step.decodes)))
+                self.scheduler.memory.num_free, tuple(s.seq_id for s in step.padding)))
         return [tokens.get(id(s), 0) for s in step.scheduled]
 
-
-def drive(requests: dict[int, Request], scheduler: Scheduler, runner: Runner, clock: Clock,
-          on_iteration: Callable[[Iteration], None] | None = None) -> dict[int, list[float]]:
-    """Serve ``requests`` (key i becomes sequence i) on one ``StepLoop``; return the token
-    stamps. The sequences end in ``scheduler.finished``."""
-    loop = StepLoop(scheduler, runner, clock, on_iteration)
-    loop.submit_all(requests)
-    while not loop.done:
-        loop.step()
-    return loop.stamps

@@ -139,7 +139,6 @@ class OnlineEngine:
         self.clock = WallClock()
         self.loop = StepLoop(self.scheduler, ModelRunner(model, self.cache), self.clock,
                              on_prefill=self._first_token, isolate=True)
-        self.num_steps = 0
         self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
         self._ids = itertools.count()
         self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
@@ -213,7 +212,7 @@ class OnlineEngine:
     def idle(self) -> bool:
         """Nothing queued, running or in the inbox."""
         with self._lock:
-            return not self._inbox and not self._live
+            return not self._inbox and not self._live and self.loop.done
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until ``idle()`` (aborts take effect at the next step boundary); whether it is."""
@@ -244,7 +243,8 @@ class OnlineEngine:
         try:
             while True:
                 with self._lock:
-                    while not (self._inbox or self._aborts or self._live or self._stop):
+                    while not (self._inbox or self._aborts or self._live or self._stop) \
+                            and self.loop.done:  # (a static batch may hold finished members)
                         self._lock.wait()
                     if self._stop and not (self._inbox or self._aborts or self._live):
                         return
@@ -256,7 +256,6 @@ class OnlineEngine:
                     self._abort(stream)
                 if not self.loop.done:
                     self.loop.step()
-                    self.num_steps += 1
                 self._deliver()
         except Exception as error:
             self.error = error
@@ -304,24 +303,18 @@ class OnlineEngine:
     def _deliver(self) -> None:
         """Push every live sequence's new tokens; end the streams of finished ones, and of those
         the server took out after a failure (with the error)."""
-        failures, self.loop.failures = self.loop.failures, []
-        for seq, why in failures:
-            entry = self._live.pop(seq.seq_id, None)
-            if entry is None:
-                continue
-            stream = entry[1]
-            for token in seq.output[stream.num_sent:]:  # what it produced before the failure
-                stream._push(token)
-            stream.num_sent = len(seq.output)
-            self.num_failed += 1
-            stream._push(Finished("error", self._timing(seq), seq.num_preemptions, error=why))
-            self.loop.stamps.pop(seq.seq_id, None)
+        failed = {seq.seq_id: why for seq, why in self.loop.failures}
+        self.loop.failures = []
         for seq_id, (seq, stream) in list(self._live.items()):
-            for token in seq.output[stream.num_sent:]:
+            for token in seq.output[stream.num_sent:]:  # (a failed one's: before the failure)
                 stream._push(token)
             stream.num_sent = len(seq.output)
-            if seq.is_done and not self.scheduler.holds(seq):
+            # a static batch's padding member is done too: it produces no more tokens
+            if seq_id in failed or seq.is_done:
                 del self._live[seq_id]
-                stream._push(Finished(seq.finish_reason, self._timing(seq), seq.num_preemptions))
+                self.num_failed += seq_id in failed
+                reason = "error" if seq_id in failed else seq.finish_reason
+                stream._push(Finished(reason, self._timing(seq), seq.num_preemptions,
+                                      failed.get(seq_id)))
                 self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
         self.scheduler.finished.clear()

@@ -42,11 +42,13 @@ def cache_dtype(model, config=None) -> torch.dtype:
     return model.dtype
 
 
-def block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block of the pool takes: K and V, every layer and KV head, ``block_size``
-    tokens of ``head_dim`` numbers in ``dtype`` (int8: plus a float32 scale per token and head,
-    ``inferlab.serving.paged_int8``): what the cache stores, whatever the weights' format."""
-    c = model_config
+def block_bytes(model, block_size: int, config=None) -> int:
+    """Bytes one block of ``model``'s pool takes: K and V, every layer and KV head,
+    ``block_size`` tokens of ``head_dim`` numbers in the dtype the cache stores
+    (``cache_dtype``: ``config.kv_cache_dtype``, else the model's compute dtype; never a
+    weight's: an int8-quantized model still computes, and caches K/V, in floats), int8 with a
+    float32 scale per token and head (``inferlab.serving.paged_int8``)."""
+    c, dtype = model.config, cache_dtype(model, config)
     per_token = formulas.kv_bytes_per_token(c, dtype.itemsize)
     if dtype == torch.int8:     # K's and V's float32 scale, per layer and KV head
         per_token += 2 * c.n_layers * c.n_kv_heads * 4
@@ -70,6 +72,8 @@ class PagedKVCache:
                              device=device)
         self.v = torch.zeros((n_layers, memory.num_blocks, n_kv_heads, S, head_dim), dtype=dtype,
                              device=device)
+        self.pools = (self.k, self.v)  # every tensor that holds a block's contents
+        self.compute_dtype = dtype  # the dtype attention reads K and V in
         self.group = n_heads // n_kv_heads
         self.memory = memory
         self.block_size = memory.block_size
@@ -105,13 +109,9 @@ class PagedKVCache:
         return self.k.shape[1]
 
     @property
-    def n_kv_heads(self) -> int:
-        return self.k.shape[2]
-
-    @property
     def nbytes(self) -> int:
-        """Bytes the K and V pools occupy."""
-        return 2 * self.k.numel() * self.k.element_size()
+        """Bytes the pools occupy."""
+        return sum(t.numel() * t.element_size() for t in self.pools)
 
     def new_table(self) -> BlockTable:
         """An empty block table drawing on this cache's allocator."""
@@ -120,13 +120,13 @@ class PagedKVCache:
     def copy_pending(self) -> None:
         """Run the allocator's queued copy-on-write copies (all layers), oldest first."""
         for source, dest in self.allocator.take_copies():
-            self.k[:, dest] = self.k[:, source]
-            self.v[:, dest] = self.v[:, source]
+            for t in self.pools:
+                t[:, dest] = t[:, source]
 
     def prepare(self, tables: list[BlockTable], tokens: list[list[int]], starts: list[int]):
         """``ragged.prepare`` for this pool: input ids and positions (1, N) and the metadata of
         one forward whose row b runs ``tokens[b]`` from position ``starts[b]`` of ``tables[b]``."""
-        return ragged.prepare(tables, tokens, starts, self.block_size, self.n_kv_heads,
+        return ragged.prepare(tables, tokens, starts, self.block_size, self.k.shape[2],
                               self.k.shape[3], self.k.device, self.use_triton, self.group)
 
     def bind(self, tables: list[BlockTable],
@@ -161,11 +161,6 @@ class PagedKVCache:
                              "bound tables: append to each table first, then run its newest "
                              "tokens")
         self._padded = (B, T)
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype attention reads K and V in (the pool's, here)."""
-        return self.k.dtype
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:

@@ -37,22 +37,8 @@ class Int8PagedKVCache(PagedKVCache):
         self.k_scale = torch.ones((n_layers, memory.num_blocks, n_kv_heads, S),
                                   dtype=torch.float32, device=device)
         self.v_scale = torch.ones_like(self.k_scale)
-        self._compute_dtype = dtype
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return self._compute_dtype
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the codes and the scales occupy."""
-        return super().nbytes + 2 * self.k_scale.numel() * self.k_scale.element_size()
-
-    def copy_pending(self) -> None:
-        """Copy-on-write copies: the codes and their scales."""
-        for source, dest in self.allocator.take_copies():
-            for t in (self.k, self.v, self.k_scale, self.v_scale):
-                t[:, dest] = t[:, source]
+        self.pools = (self.k, self.v, self.k_scale, self.v_scale)  # copy-on-write copies all
+        self.compute_dtype = dtype
 
     def _store(self, layer, meta, k, v, rows_k, rows_v):
         """Quantize the new tokens' K and V, store codes and scales at their slots; return the

@@ -37,11 +37,6 @@ except ImportError:  # pragma: no cover - depends on the installation
     HAVE_TRITON = False
 
 
-def _interpreting() -> bool:
-    """Triton's interpreter (TRITON_INTERPRET=1) runs kernels on CPU tensors, for testing."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def available(device: str | torch.device = "cuda") -> bool:
     """Whether the fused kernel can run on ``device``: Triton installed, and a CUDA GPU for a
     "cuda" device or Triton's interpreter (``TRITON_INTERPRET=1``) for a "cpu" one."""
@@ -50,7 +45,7 @@ def available(device: str | torch.device = "cuda") -> bool:
         return False
     if device.type == "cuda":
         return torch.cuda.is_available()
-    return device.type == "cpu" and _interpreting()
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"  # for testing
 
 
 if HAVE_TRITON:

@@ -14,15 +14,16 @@ changes sequences only through its actions (``admit``, ``append_slot``, ``preemp
   that a long prompt never stalls the decodes for longer than one bounded step.
 - ``static_policy`` and ``make_static_policy``: request-level batching, and dynamic batching
   (a window to fill the batch), the baseline Chapter 4 compares against. Padding is this
-  policy's alone: it ``hold``s each member, so finished members keep their rows until the
-  batch is over, and it retires them itself.
+  policy's alone: it ``hold``s each member, so that a finished one keeps its place and its
+  memory, lists the finished ones as ``step.padding`` rows while the batch is in flight, and
+  retires them all when the batch is over.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from inferlab.serving.request import Sequence, Status
+from inferlab.serving.request import Status
 from inferlab.serving.step import Step
 
 if TYPE_CHECKING:  # the scheduler imports this module, never the other way round
@@ -105,23 +106,19 @@ def chunked_policy(sched: Scheduler, now: float = 0.0) -> Step:
     return step
 
 
-def static_reservation(sched: Scheduler, seqs: list[Sequence]) -> int:
-    """Blocks a static batch reserves: each member's longest length, from the start."""
-    return sum(sched.blocks_for(s.max_tokens) for s in seqs)
-
-
 def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
                   pad: bool = True) -> Step:
     """Request-level (static) batching: form a batch, run it until its last member finishes.
 
     While a batch is in flight nobody joins it, and (with ``pad``, as FasterTransformer-style
     engines do) members that finished keep their row as padding until the longest is done: the
-    policy holds them (``sched.hold``), the runner computes their rows and drops what they
-    produce, and the policy retires them when the batch is over. Then the waiting requests (up
-    to ``max_batch``, in arrival order, while their full-length reservations fit) form the next
-    batch. With ``max_wait_s`` > 0 this is *dynamic batching*: an incomplete batch waits up to
-    that long after its oldest request arrived, hoping to fill. Prompts are prefilled one by one
-    at their own length (kinder to the baseline than padding them to the longest).
+    policy holds them (``sched.hold``) and lists them in ``step.padding``, the runner computes
+    their rows and the loop drops what they produce, and the policy retires them when the batch
+    is over. Then the waiting requests (up to ``max_batch``, in arrival order, while their
+    full-length reservations fit) form the next batch. With ``max_wait_s`` > 0 this is *dynamic
+    batching*: an incomplete batch waits up to that long after its oldest request arrived,
+    hoping to fill. Prompts are prefilled one by one at their own length (kinder to the
+    baseline than padding them to the longest).
     """
     step = Step()
     live = [s for s in sched.running if not s.is_done]
@@ -129,6 +126,8 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
         for seq in live:
             sched.append_slot(seq)  # cannot fail: the batch reserved its blocks at launch
             step.decodes.append(seq)
+        if pad:
+            step.padding = [s for s in sched.running if s.is_done]
         return step
     for seq in list(sched.running):  # the batch is over: its held members leave with it
         sched.retire(seq)
@@ -138,9 +137,10 @@ def static_policy(sched: Scheduler, now: float = 0.0, max_wait_s: float = 0.0,
     if max_wait_s > 0 and len(sched.waiting) < sched.max_batch and now < deadline:
         step.wake_at_s = deadline
         return step
-    batch: list[Sequence] = []
+    batch, reserved = [], 0  # blocks for each member's longest length, from the start
     for seq in sched.waiting[:sched.max_batch]:
-        if static_reservation(sched, batch + [seq]) > sched.memory.num_free:
+        reserved += sched.blocks_for(seq.max_tokens)
+        if reserved > sched.memory.num_free:
             break
         batch.append(seq)
     for seq in batch:

@@ -128,10 +128,6 @@ class PrefixCachingBlockManager(BlockManager):
     def num_cached_only(self) -> int:
         return self.cache.num_evictable
 
-    def can_allocate(self, tokens: int, longest: int) -> bool:
-        free = self.allocator.num_free + self.cache.num_evictable
-        return free >= self.blocks_for(tokens) + self.watermark_blocks
-
     def allocate_sequence(self, seq) -> tuple[BlockTable, int]:
         return self.cache.allocate_prompt(seq.tokens, seq.cache_salt)
 

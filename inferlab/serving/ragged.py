@@ -42,7 +42,6 @@ class Segment:
 
     offset: int                          # its first token's index in the packed row
     length: int                          # T, its new tokens
-    start: int                           # its first token's position in its sequence
     tiles: torch.Tensor | None = None    # (K*W,) blocks to gather; None: nothing cached before
     mask: torch.Tensor | None = None     # (1, 1, T, W*block_size): keys each query sees
 
@@ -52,7 +51,6 @@ class RaggedMetadata:
     """Everything one packed forward's attention needs, shared by every layer."""
 
     query_lens: tuple[int, ...]          # new tokens of each row
-    starts: tuple[int, ...]              # position of each row's first new token
     slot_blocks: torch.Tensor            # (N,) where each new token's K/V go
     slot_offsets: torch.Tensor           # (N,)
     last_index: torch.Tensor             # (R,) each row's last token in the packed row
@@ -118,8 +116,8 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
             key_pos = torch.arange(width[b] * block_size, device=device)
             query_pos = pos[ends[b] - lens[b] + 1:ends[b] + 1]
             mask = (key_pos <= query_pos.view(-1, 1))[None, None]  # (1, 1, T, keys)
-        segments.append(Segment(ends[b] - lens[b] + 1, lens[b], starts[b], tiles, mask))
-    meta = RaggedMetadata(tuple(lens), tuple(starts), blocks, offsets, last, d, decode_tables,
+        segments.append(Segment(ends[b] - lens[b] + 1, lens[b], tiles, mask))
+    meta = RaggedMetadata(tuple(lens), blocks, offsets, last, d, decode_tables,
                           dec_context if d else None, key_rows, value_rows, decode_mask,
                           tuple(segments), fused)
     return ids.view(1, -1), pos.view(1, -1), meta

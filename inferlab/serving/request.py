@@ -251,7 +251,7 @@ class Sequence:
 
     def row_start(self, n: int) -> int:
         """Where a forward row of ``n`` new tokens starts: at the first uncomputed token, or,
-        for a finished sequence a static batch holds as padding, at its table's last slot(s)
+        for a finished sequence (a padding row, ``Step.padding``), at its table's last slot(s)
         (recomputed, the token dropped)."""
         return min(self.num_computed, self.table.num_tokens - n)
 

@@ -130,16 +130,13 @@ class DeviceGenerators:
         return gen
 
 
-def sampling_inputs(seqs, emits: list[bool] | None = None,
-                    generators: DeviceGenerators | None = None):
+def sampling_inputs(seqs, emits: list[bool], generators: DeviceGenerators):
     """``sample``'s arguments after the logits for ``seqs`` (``Sequence``s), one row each: the
-    temperatures (n,), the generators (from ``generators``: the sequences' own, on the CPU, by
-    default), top_k (n,) and top_p (n,), the tensors on the CPU, built from Python numbers. A row
-    whose ``emits`` is False gets no generator, so it does not draw."""
-    emits = [True] * len(seqs) if emits is None else emits
-    stream = generators or (lambda s: s.generator)
+    temperatures (n,), the generators (from ``generators``), top_k (n,) and top_p (n,), the
+    tensors on the CPU, built from Python numbers. A row whose ``emits`` is False gets no
+    generator, so it does not draw."""
     temperatures = torch.tensor([s.temperature for s in seqs], dtype=torch.float32)
-    gens = [stream(s) if e else None for s, e in zip(seqs, emits)]
+    gens = [generators(s) if e else None for s, e in zip(seqs, emits)]
     top_k = torch.tensor([s.top_k for s in seqs], dtype=torch.int64)
     top_p = torch.tensor([s.top_p for s in seqs], dtype=torch.float32)
     return temperatures, gens, top_k, top_p

@@ -15,8 +15,8 @@ memory experiment runs through this same code.
 
 Read in this order:
 
-- ``Step`` (``inferlab.serving.step``): what one forward pass will run: prefills, decodes, and
-  who was preempted.
+- ``Step`` (``inferlab.serving.step``): what one iteration will run: prefills, decodes, the
+  padding rows a static batch keeps, and who was preempted.
 - ``Scheduler`` (here): the waiting and running queues and the only actions that change a
   sequence (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``,
   ``abort``), each with the check a policy asks first (``can_admit``, ``can_append``). The model
@@ -44,14 +44,13 @@ from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import MemoryManager
 from inferlab.serving.policies import (POLICIES, chunked_policy, continuous_policy,
-                                       make_static_policy, resolve_policy, static_policy,
-                                       static_reservation)
+                                       make_static_policy, resolve_policy, static_policy)
 from inferlab.serving.request import Sequence, Status
 from inferlab.serving.step import SchedulingError, Step
 
 __all__ = ["POLICIES", "Scheduler", "SchedulingError", "Step", "chunked_policy",
-           "continuous_policy", "make_static_policy", "resolve_policy", "static_policy",
-           "static_reservation"]  # the policies and the step keep their names here too
+           "continuous_policy", "make_static_policy", "resolve_policy", "static_policy"]
+# the policies and the step keep their names here too
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -69,7 +68,8 @@ class Scheduler:
     blocks of ``config.block_size`` tokens.
 
     A finished sequence leaves the batch in ``update``, unless its policy ``hold``s it: static
-    batching keeps finished members as padding rows until its batch is over.
+    batching keeps its finished members, and their memory, until its batch is over (and says in
+    ``step.padding`` which of them to compute as rows).
     """
 
     def __init__(self, config: ServingConfig, memory: MemoryManager | None = None):
@@ -87,7 +87,7 @@ class Scheduler:
         self.running: list[Sequence] = []   # sorted by arrival
         self.finished: list[Sequence] = []
         self.num_preemptions = 0
-        self._held: set[Sequence] = set()  # running sequences a policy holds (``hold``)
+        self._held: set[Sequence] = set()  # running sequences ``update`` does not retire
 
     # -- questions a policy asks ------------------------------------------------------------
     def blocks_for(self, n_tokens: int) -> int:
@@ -113,17 +113,6 @@ class Scheduler:
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
-
-    def holds(self, seq: Sequence) -> bool:
-        """Whether a policy holds ``seq`` in the batch once it finishes (``hold``)."""
-        return seq in self._held
-
-    @property
-    def padding(self) -> list[Sequence]:
-        """Finished sequences held in the batch (``hold``): rows that compute and produce nothing."""
-        if not self._held:
-            return []
-        return [s for s in self.running if s in self._held and s.is_done]
 
     # -- the actions: the only code that changes a sequence's state ------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,19 +144,26 @@ class Scheduler:
         seq.table.append(1)
 
     def hold(self, seq: Sequence) -> None:
-        """Keep a running ``seq`` in the batch once it finishes, until the policy retires it."""
+        """Keep a running ``seq``, its place and its memory, once it finishes: ``update`` does not
+        retire it, the policy will (static batching holds its members until the batch ends)."""
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"hold: {seq!r} is not running")
         self._held.add(seq)
+
+    def _leave(self, seq: Sequence, status: Status) -> None:
+        """Take ``seq`` out of the batch (if it is in it), free its memory, set its ``status``."""
+        if seq in self.running:  # identity: a Sequence compares by identity
+            self.running.remove(seq)
+        self._held.discard(seq)
+        if seq.table is not None:
+            seq.table.free()
+        seq.table, seq.status = None, status
 
     def preempt(self, seq: Sequence) -> None:
         """Free all of ``seq``'s memory and send it back to wait; it will be recomputed."""
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"preempt: {seq!r} is not running")
-        seq.table.free()
-        self.running.remove(seq)
-        self._held.discard(seq)
-        seq.table, seq.status = None, Status.WAITING
+        self._leave(seq, Status.WAITING)
         seq.num_computed = 0  # its K/V are gone: a recompute starts from the first token
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -177,10 +173,7 @@ class Scheduler:
         """A finished ``seq`` leaves the batch and returns its memory."""
         if seq.status is not Status.RUNNING or not seq.is_done:
             raise SchedulingError(f"retire: {seq!r} is not a finished running sequence")
-        seq.table.free()
-        self.running.remove(seq)
-        self._held.discard(seq)
-        seq.table, seq.status = None, Status.FINISHED
+        self._leave(seq, Status.FINISHED)
         self.finished.append(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -188,15 +181,9 @@ class Scheduler:
         memory now (its client left, or the engine failed on it)."""
         if seq.status is Status.FINISHED:
             raise SchedulingError(f"abort: {seq!r} has already finished")
-        if seq in self.waiting:  # identity: a Sequence compares by identity
+        if seq in self.waiting:
             self.waiting.remove(seq)
-        if seq in self.running:
-            self.running.remove(seq)
-        self._held.discard(seq)
-        if seq.table is not None:
-            seq.table.free()
-        seq.table = None
-        seq.status = Status.FINISHED  # but not in ``finished``: it completed nothing
+        self._leave(seq, Status.FINISHED)  # but not in ``finished``: it completed nothing
 
     def schedule(self, now: float = 0.0) -> Step:
         """Ask the policy for the next step and check that it kept the rules."""
@@ -211,10 +198,10 @@ class Scheduler:
         scheduled = step.scheduled
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
-        done, chunks = [], step.chunks
+        done = []
         for seq, token in zip(scheduled, tokens):
-            if chunks and seq in chunks and chunks[seq] < seq.num_uncomputed:
-                seq.num_computed += chunks[seq]  # part of its prompt is left: no token yet
+            if not step.samples(seq):
+                seq.num_computed += step.new_tokens(seq)  # part of its prompt is left: no token
                 continue
             seq.num_computed = seq.num_tokens
             seq.output.append(int(token))
@@ -229,24 +216,32 @@ class Scheduler:
     def _validate(self, step: Step) -> None:
         seen = set()
         chunked = self.token_budget is not None
-        if step.chunks and self.token_budget is None:
+        if step.chunks and not chunked:
             raise SchedulingError("a step with prefill chunks needs config.token_budget: "
                                   "chunks run in one forward pass with the decodes")
-        if self.token_budget is not None and step.num_tokens > self.token_budget:
+        if chunked and step.num_tokens > self.token_budget:
             raise SchedulingError(f"the step runs {step.num_tokens} tokens but the token budget "
                                   f"is {self.token_budget}: decodes take one each, and prefill "
                                   "chunks only what is left")
-        chunks = step.chunks
-        for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes)):
+        if step.padding and not step.decodes:
+            raise SchedulingError("padding rows ride along with a decode batch; this step has "
+                                  "no decodes")
+        for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes),
+                           ("padding row", step.padding)):
             for seq in seqs:
-                key = id(seq)
-                if key in seen:
+                if id(seq) in seen:
                     raise SchedulingError(f"{seq!r} is scheduled twice in one step")
-                seen.add(key)
+                seen.add(id(seq))
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
-                n = len(seq.prompt) + len(seq.output)
+                if kind == "padding row":
+                    if not seq.is_done:
+                        raise SchedulingError(f"padding row of {seq!r}, which is not done: "
+                                              "a live sequence decodes, only a finished one "
+                                              "can be padding")
+                    continue
+                n = seq.num_tokens
                 if seq.table.num_tokens != n:
                     raise SchedulingError(
                         f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
@@ -254,8 +249,7 @@ class Scheduler:
                         "gives room for every token; decode: call append_slot once)")
                 if seq.is_done:
                     raise SchedulingError(f"{kind} of {seq!r}, which is already done")
-                left = n - seq.num_computed
-                new = chunks[seq] if chunks and seq in chunks else left
+                left, new = seq.num_uncomputed, step.new_tokens(seq)
                 if not 0 < new <= left:
                     raise SchedulingError(f"{kind} of {seq!r} runs {new} tokens; it has "
                                           f"{left} still to compute (a chunk "
@@ -263,9 +257,9 @@ class Scheduler:
                 if chunked and kind == "decode" and left != 1:
                     raise SchedulingError(f"decode of {seq!r}, whose prompt is not computed "
                                           "yet: it needs prefill chunks first")
-        if len(seen) + len(self._held) < len(self.running) or self._held:
-            for seq in self.running:
-                if id(seq) not in seen and not (seq in self._held and seq.is_done) \
-                        and not (chunked and self.is_prefilling(seq)):  # mid-prompt may wait
+        if len(seen) < len(self.running):
+            for seq in self.running:  # a finished (held) one, or one mid-prompt, may wait
+                if id(seq) not in seen and not seq.is_done \
+                        and not (chunked and self.is_prefilling(seq)):
                     raise SchedulingError(f"{seq!r} is running but got no token this step: "
                                           "every running sequence decodes in every step")

@@ -19,18 +19,22 @@ class SchedulingError(RuntimeError):
 
 @dataclass
 class Step:
-    """One iteration: prefill each of ``prefills`` (alone), then decode ``decodes`` as a batch.
+    """One iteration: prefill each of ``prefills`` (alone), then decode ``decodes`` as a batch
+    (with any ``padding`` rows).
 
     With a token budget (chunked prefill) the step is one forward pass over both, and
     ``chunks`` says how many tokens a prefill computes when that is fewer than all its
     uncomputed tokens: a prompt may then span several steps and samples a token only in the
-    step that computes its last chunk. ``wake_at_s`` lets a policy that chose to wait (dynamic
+    step that computes its last chunk. ``padding`` lists finished sequences the policy keeps
+    in the batch as rows (static batching's padding): the decode forward computes them and
+    their tokens are dropped. ``wake_at_s`` lets a policy that chose to wait (dynamic
     batching's window) say when it wants to be asked again.
     """
 
     prefills: list[Sequence] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    padding: list[Sequence] = field(default_factory=list)
     wake_at_s: float | None = None
     chunks: dict[Sequence, int] = field(default_factory=dict)
 
@@ -62,5 +66,7 @@ class Step:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the step runs through the model (what a token budget bounds)."""
-        return sum(self.new_tokens(s) for s in self.prefills) + len(self.decodes)
+        """Tokens the step runs through the model (what a token budget bounds): padding rows
+        are computed too."""
+        return sum(self.new_tokens(s) for s in self.prefills) + len(self.decodes) + \
+            len(self.padding)

@@ -32,7 +32,7 @@ from typing import Callable
 from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable, blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.interfaces import Runner
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
 from inferlab.serving.scheduler import Scheduler
 from inferlab.sim.workloads import trace_requests
@@ -70,7 +70,7 @@ class MemoryRecorder(Runner):
         return [1] * len(rows)
 
     def record(self, iteration) -> None:
-        """Called once per step, after the step's allocations (``drive``'s ``on_iteration``)."""
+        """Called once per step, after the step's allocations (the loop's ``on_iteration``)."""
         self.steps += 1
         sched = self.scheduler
         if not sched.waiting:  # the trace, not the pool, limits the batch
@@ -113,7 +113,7 @@ def simulate_memory(rows, reservation: str, capacity: int, max_len: int = 2048,
         memory = ContiguousManager(capacity, reservation, max_len, slots_fn)
     sched = Scheduler(config, memory)
     recorder = MemoryRecorder(sched, capacity)
-    drive(dict(enumerate(requests)), sched, recorder, VirtualClock(), recorder.record)
+    StepLoop(sched, recorder, VirtualClock(), recorder.record).run(requests)
     s, n = recorder.sums, max(recorder.counted, 1)
     return MemoryUse(reservation, s["tokens"] / n, s["reserved"] / n, s["internal"] / n,
                      s["free"] / n, s["running"] / n, recorder.steps, sched.num_preemptions)

@@ -26,7 +26,7 @@ from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
 
@@ -80,9 +80,9 @@ def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:
     clock = VirtualClock()
     log = []
     total = sum(r.max_new_tokens for r in requests)
-    drive(dict(enumerate(requests)), sched, _FakeRunner(clock, 20 * total + 100), clock,
-          lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
-                                 it.padding_ids, it.preempted)))
+    StepLoop(sched, _FakeRunner(clock, 20 * total + 100), clock,
+             lambda it: log.append((tuple(r.seq_id for r in it.prefill_rows), it.decode_ids,
+                                    it.padding_ids, it.preempted))).run(requests)
     return log, sched
 
 
@@ -126,7 +126,9 @@ def _static_hint(got, want) -> str:
         return "nobody may join a batch in flight: admit only when every member is done."
     if gpad != wpad:
         return ("finished members keep their row as padding until the whole batch is done: "
-                "hold each member when you admit it (sched.hold(seq)), so the scheduler does "
+                "while the batch is in flight, list them in the step "
+                "(step.padding = [seq for seq in sched.running if seq.is_done]), and hold "
+                "each member when you admit it (sched.hold(seq)) so that the scheduler does "
                 "not retire it when it finishes; retire them all when the batch is over.")
     if len(gp) > len(wp):
         return ("too many admitted: at most max_batch, and only while the blocks reserved for "

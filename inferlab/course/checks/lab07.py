@@ -24,7 +24,7 @@ from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
-from inferlab.serving.loop import VirtualClock, drive
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request
 from inferlab.serving.scheduler import Scheduler, SchedulingError
@@ -78,9 +78,9 @@ def _replay(policy, trace):
     clock = VirtualClock()
     log = []
     limit = 20 * sum(len(r.prompt) + r.max_new_tokens for r in requests) + 100
-    drive(dict(enumerate(requests)), sched, _FakeRunner(clock, limit), clock,
-          lambda it: log.append((tuple((r.seq_id, r.new) for r in it.prefill_rows), it.decode_ids,
-                                 it.preempted)))
+    StepLoop(sched, _FakeRunner(clock, limit), clock,
+             lambda it: log.append((tuple((r.seq_id, r.new) for r in it.prefill_rows),
+                                    it.decode_ids, it.preempted))).run(requests)
     return log, sched
 
 
