@@ -8,7 +8,7 @@ import torch
 
 from inferlab.analysis.capacity import paper_pool_slots
 from inferlab.benchmarks import paged as bench
-from inferlab.serving.paged_attention import kernel_inputs
+from inferlab.benchmarks.attention_paths import kernel_inputs
 
 
 def test_pool_matches_the_paper():

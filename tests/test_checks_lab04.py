@@ -5,6 +5,7 @@ import math
 
 from check_contract import contract, hints
 from inferlab.course.checks import lab04
+from inferlab.analysis import formulas
 from inferlab.serving import metrics
 from inferlab.serving.request import Status
 from inferlab.serving.scheduler import (Step, continuous_policy, make_static_policy,
@@ -150,7 +151,7 @@ CASES = {
     "request_metrics": (metrics_reference, [tpot_over_n, latency_from_first_token,
                                             tpot_zero_for_one_token]),
     "percentile": (metrics.percentile, [nearest_rank, unsorted_percentile]),
-    "static_slot_utilisation": (metrics.static_slot_utilisation,
+    "static_slot_utilisation": (formulas.static_slot_utilisation,
                                 [global_max_utilisation, utilisation_full_last_group]),
 }
 

@@ -12,7 +12,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.llama import build_model
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
-from inferlab.serving.metrics import static_slot_utilisation
+from inferlab.analysis.formulas import static_slot_utilisation
 from inferlab.serving.request import Request
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, simulate

@@ -10,6 +10,8 @@ drift apart. Units are SI throughout: bytes, FLOPs, seconds. Conventions:
 - One forward pass at batch size 1 must read every weight once, so its time is at least
   weight bytes / bandwidth, whatever the FLOP/s (the decode floor). That bounds a token per
   forward pass; speculative decoding (Leviathan et al. 2023) gets several tokens from one pass.
+- Static batching holds every slot of a batch until its longest output is done
+  (``static_slot_utilisation``), which bounds what continuous batching can gain (Chapter 4).
 - A model trained with a sliding window of W tokens (Mistral-7B-v0.1: 4,096) attends to, and
   caches, at most the last W tokens: ``kv_tokens_held`` applies the cap everywhere below.
 """
@@ -283,3 +285,21 @@ def causal_pairs(tokens: int, window: int | None = None) -> int:
     if window is None or tokens <= window:
         return tokens * (tokens + 1) // 2
     return window * (window + 1) // 2 + (tokens - window) * window
+
+
+def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
+    """Useful share of decode slots when requests run in static batches of ``batch_size``.
+
+    Consecutive groups of ``batch_size`` requests each hold every one of their slots until the
+    group's longest output is done: useful tokens / (group size x longest output), summed over
+    groups. If a decode step costs the same at any batch size (memory-bound), continuous
+    batching's throughput gain over static batching is about 1 / this.
+    """
+    if batch_size <= 0 or not output_lens:
+        raise ValueError("need a positive batch size and at least one output length")
+    useful = reserved = 0
+    for i in range(0, len(output_lens), batch_size):
+        group = output_lens[i:i + batch_size]
+        useful += sum(group)
+        reserved += len(group) * max(group)
+    return useful / reserved

@@ -36,8 +36,8 @@ from inferlab.analysis.hardware import detect_device
 from inferlab.device import check_dtype, choose_profile
 from inferlab.measurements import write_record
 from inferlab.serving.config import BLOCK_SIZE
-from inferlab.serving.paged_attention import attention_paths, kernel_inputs
-from inferlab.serving.prefix_cache import prefix_sharing_experiment
+from inferlab.benchmarks.attention_paths import attention_paths, kernel_inputs
+from inferlab.sim.memory_sim import prefix_sharing_experiment
 from inferlab.serving.reservation import RESERVATIONS
 from inferlab.sim import memory_sim, traces
 from inferlab.timing import time_fn

@@ -19,9 +19,6 @@ request's arrival time:
   2024) defines it, is a property of a configuration, not of a run: the highest arrival rate at
   which the attainment stays at a target such as 90% (``inferlab.sim.goodput`` searches for it).
 
-``static_slot_utilisation`` predicts how much of its decode slots static batching uses, which
-bounds what continuous batching can gain (Chapter 4, Exercise 4.4).
-
 Operators report percentiles (p50, p95, p99) rather than means: a mean hides the tail, and the
 tail is what a service promises. Percentiles here use linear interpolation between the two
 nearest ranks, the convention of ``numpy.percentile``.
@@ -209,21 +206,3 @@ def summarize(timings: Sequence[RequestTiming], slo: SLO | None = None) -> Summa
                    tpot=Percentiles.of(t.tpot for t in done),
                    latency=Percentiles.of(t.latency for t in done),
                    slo=slo, slo_attainment=attainment, in_slo_rate=in_slo)
-
-
-def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
-    """Useful share of decode slots when requests run in static batches of ``batch_size``.
-
-    Consecutive groups of ``batch_size`` requests each hold every one of their slots until the
-    group's longest output is done: useful tokens / (group size x longest output), summed over
-    groups. If a decode step costs the same at any batch size (memory-bound), continuous
-    batching's throughput gain over static batching is about 1 / this.
-    """
-    if batch_size <= 0 or not output_lens:
-        raise ValueError("need a positive batch size and at least one output length")
-    useful = reserved = 0
-    for i in range(0, len(output_lens), batch_size):
-        group = output_lens[i:i + batch_size]
-        useful += sum(group)
-        reserved += len(group) * max(group)
-    return useful / reserved

@@ -140,30 +140,3 @@ class PrefixCachingBlockManager(BlockManager):
         if short > 0:
             self.cache.evict(short)
         return self.allocator.num_free >= n_blocks
-
-
-def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: int = 1,
-                              num_blocks: int = 4096, block_size: int = 16, seed: int = 0,
-                              vocab: int = 32000, hash_fn=None) -> dict:
-    """Serve prompts that each start with one of ``n_system_prompts`` shared system prompts.
-
-    Each request's prompt is a system prompt of ``system_len`` tokens followed by its own
-    ``prompt_len`` random tokens. Requests run one after another and free their tables; the
-    prefix cache keeps the full blocks. Returns the block hit rate and the share of prompt
-    tokens that needed no prefill.
-    """
-    import random
-
-    rng = random.Random(seed)
-    systems = [[rng.randrange(vocab) for _ in range(system_len)] for _ in range(n_system_prompts)]
-    alloc = BlockAllocator(num_blocks)
-    cache = PrefixCache(alloc, block_size, hash_fn)
-    total = saved = 0
-    for n in prompt_lens:
-        tokens = rng.choice(systems) + [rng.randrange(vocab) for _ in range(n)]
-        table, cached = cache.allocate_prompt(tokens)
-        cache.insert(table, tokens)  # after the prefill has written the new blocks' K/V
-        total, saved = total + len(tokens), saved + cached
-        table.free()
-    return dict(hit_rate=cache.hit_rate, prefill_saved=saved / total, requests=len(prompt_lens),
-                cached_blocks=len(cache))

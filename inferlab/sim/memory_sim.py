@@ -21,7 +21,8 @@ will never fill) and free slots the next waiting request cannot use (external fr
 simply too few).
 
 Also here: ``sharing_saving``, the memory that copy-on-write saves when n parallel samples share
-their prompt's blocks.
+their prompt's blocks, and ``prefix_sharing_experiment``, the prefill that prefix caching
+(``inferlab.serving.prefix_cache``) saves when prompts start with shared system prompts.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Callable
 from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable, blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.interfaces import Runner
+from inferlab.serving.prefix_cache import PrefixCache
 from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.reservation import RESERVATIONS, ContiguousManager, slots_held
 from inferlab.serving.scheduler import Scheduler
@@ -150,3 +152,30 @@ def sharing_saving(prompt_len: int, output_len: int, n_samples: int,
             total += alloc.num_blocks - alloc.num_free
         used[shared] = total
     return 1 - used[True] / used[False]
+
+
+def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: int = 1,
+                              num_blocks: int = 4096, block_size: int = 16, seed: int = 0,
+                              vocab: int = 32000, hash_fn=None) -> dict:
+    """Serve prompts that each start with one of ``n_system_prompts`` shared system prompts.
+
+    Each request's prompt is a system prompt of ``system_len`` tokens followed by its own
+    ``prompt_len`` random tokens. Requests run one after another and free their tables; the
+    prefix cache keeps the full blocks. Returns the block hit rate and the share of prompt
+    tokens that needed no prefill.
+    """
+    import random
+
+    rng = random.Random(seed)
+    systems = [[rng.randrange(vocab) for _ in range(system_len)] for _ in range(n_system_prompts)]
+    alloc = BlockAllocator(num_blocks)
+    cache = PrefixCache(alloc, block_size, hash_fn)
+    total = saved = 0
+    for n in prompt_lens:
+        tokens = rng.choice(systems) + [rng.randrange(vocab) for _ in range(n)]
+        table, cached = cache.allocate_prompt(tokens)
+        cache.insert(table, tokens)  # after the prefill has written the new blocks' K/V
+        total, saved = total + len(tokens), saved + cached
+        table.free()
+    return dict(hit_rate=cache.hit_rate, prefill_saved=saved / total, requests=len(prompt_lens),
+                cached_blocks=len(cache))

@@ -8,7 +8,7 @@ Oracles that need no solution:
   request alone with the contiguous KV cache (``inferlab.course.checks.oracle``), preemptions
   included;
 - the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
-- the prediction with ``inferlab.serving.metrics.static_slot_utilisation``.
+- the prediction with ``inferlab.analysis.formulas.static_slot_utilisation``.
 
 The model the checks run is the oracle's 2-layer ``tiny`` in float64 on the CPU, whatever the
 learner's device (``inferlab.course.checks.oracle`` says why).
@@ -21,6 +21,7 @@ import torch
 
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.course.checks.oracle import alone, tiny_model
+from inferlab.analysis import formulas
 from inferlab.serving import metrics, policies
 from inferlab.serving.block_manager import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
@@ -276,7 +277,7 @@ def static_slot_utilisation(fn):
 
     def cases(f):
         for lens, b in cases_:
-            want = metrics.static_slot_utilisation(lens, b)
+            want = formulas.static_slot_utilisation(lens, b)
             got = f(list(lens), b)
             hint = ("group the requests in arrival order, batch_size at a time; each group "
                     "holds len(group) slots for max(group) steps; divide the useful tokens by "
@@ -289,5 +290,5 @@ def static_slot_utilisation(fn):
             expect_close(f"static_slot_utilisation({lens if len(lens) < 8 else '<50 lengths>'}, "
                          f"{b})", got, want, rel=1e-9, hint=hint)
 
-    return run_check("4.4", "static_slot_utilisation", fn, metrics.static_slot_utilisation,
+    return run_check("4.4", "static_slot_utilisation", fn, formulas.static_slot_utilisation,
                      cases)
