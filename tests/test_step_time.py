@@ -148,14 +148,11 @@ def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
 
 
 def test_a_mixture_of_experts_reads_the_bytes_it_touches_and_computes_with_its_active_weights():
-    from dataclasses import replace
-
-    dense = StepModel.for_device(ModelConfig.from_name("llama-3-8b"), "H100 SXM", "bf16")
-    touched = 3 * dense.linear_params * dense.precision.bytes_per_weight
-    moe = replace(dense, linear_bytes=touched)
+    model = StepModel.for_device(ModelConfig.from_name("llama-3-8b"), "H100 SXM", "bf16")
+    touched = 3 * model.linear_params * model.precision.bytes_per_weight
     shape = Shape.decode(8, 8 * 1024)
-    (d, m) = ({k.name: k for k in model.kernels(shape)} for model in (dense, moe))
+    d = {k.name: k for k in model.kernels(shape)}
+    m = {k.name: k for k in model.kernels(shape, linear_bytes=touched)}
     assert m["linear"].flops == d["linear"].flops and m["linear"].bytes == touched
+    assert d["linear"].bytes == touched / 3 and m["linear"].memory_s == 3 * d["linear"].memory_s
     assert m["attention"] == d["attention"] and m["lm_head"] == d["lm_head"]
-    assert moe.weight_bytes_read() - dense.weight_bytes_read() == 2 * dense.linear_params * 2
-    assert moe.scaled(0.5).linear_bytes == touched / 2

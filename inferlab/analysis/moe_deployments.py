@@ -154,8 +154,8 @@ def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, conte
 
     Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
     attention and dense parts, and on average its share of the tokens routed to its experts),
-    but read the weights its batch touches (``weight_bytes_per_gpu``): the model's
-    ``linear_bytes``. Attention is MLA's (``mla.attention_cost``) or grouped-query
+    but read the weights its batch touches (``weight_bytes_per_gpu``), passed to the model's
+    ``kernels`` as ``linear_bytes``. Attention is MLA's (``mla.attention_cost``) or grouped-query
     with the window layers reading at most their window. The dispatch and combine over the
     network are not priced.
     """
@@ -173,9 +173,8 @@ def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, conte
     read = weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes) \
         - head * p.bytes_per_weight
     model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
-                      attention, p, spec.peak_flops(p.compute), spec.bandwidth,
-                      linear_bytes=read)
-    return model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held))
+                      attention, p, spec.peak_flops(p.compute), spec.bandwidth)
+    return model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held), linear_bytes=read)
 
 
 def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float,

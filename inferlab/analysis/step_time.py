@@ -198,10 +198,6 @@ class StepModel:
     link: float | None = None  # bytes/s one way between devices (needed when devices > 1)
     overhead_s: float = 0.0
     efficiency: float = 1.0   # derates peak, bandwidth and link alike
-    # Bytes the linear kernels read a step when that is not every linear weight once: a
-    # mixture of experts computes with its active parameters but reads the experts its batch
-    # touches (``inferlab.analysis.moe_deployments``). None: all of ``linear_params``.
-    linear_bytes: float | None = None
 
     @classmethod
     def for_device(cls, config, device: "DeviceSpec | str", prec: "Precision | str" = "bf16",
@@ -247,13 +243,19 @@ class StepModel:
         memory = nbytes / (n * self.bandwidth * self.efficiency)
         return Kernel(name, flops, nbytes, compute, memory)
 
-    def kernels(self, shape: Shape) -> list[Kernel]:
+    def kernels(self, shape: Shape, linear_bytes: float | None = None) -> list[Kernel]:
         """Each kernel class's FLOPs, bytes and seconds for a step of ``shape`` (the whole
-        group's FLOPs and bytes; the seconds are each device's share)."""
+        group's FLOPs and bytes; the seconds are each device's share).
+
+        ``linear_bytes``: what the linear kernels read this step when it is not every linear
+        weight once. A mixture of experts computes with its active parameters but reads the
+        experts its batch touches, which depends on the batch
+        (``inferlab.analysis.moe_deployments``)."""
         wb, a = self.precision.bytes_per_weight, self.attention
+        if linear_bytes is None:
+            linear_bytes = self.linear_params * wb
         out = [
-            self._roof("linear", 2 * self.linear_params * shape.tokens,
-                       self.linear_params * wb if self.linear_bytes is None else self.linear_bytes),
+            self._roof("linear", 2 * self.linear_params * shape.tokens, linear_bytes),
             self._roof("attention", a.flops_per_pair * shape.pairs,
                        (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token),
             self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
@@ -296,15 +298,12 @@ class StepModel:
         """A model ``c`` times this one in every weight and every cached number (a draft)."""
         a = self.attention
         return replace(self, linear_params=c * self.linear_params, head_params=c * self.head_params,
-                       linear_bytes=None if self.linear_bytes is None else c * self.linear_bytes,
                        attention=replace(a, kv_bytes_per_token=c * a.kv_bytes_per_token,
                                          flops_per_pair=c * a.flops_per_pair))
 
     def weight_bytes_read(self) -> float:
         """Bytes of weights one step reads: the linear layers and the LM head, once."""
-        wb = self.precision.bytes_per_weight
-        linear = self.linear_params * wb if self.linear_bytes is None else self.linear_bytes
-        return linear + self.head_params * wb
+        return (self.linear_params + self.head_params) * self.precision.bytes_per_weight
 
 
 def step_time(rows: Iterable[tuple[float, float]], config, device: "DeviceSpec | str",
