@@ -24,6 +24,40 @@ from inferlab.course.results import (COMPLETED, GRADER_ERROR, KERNEL_DIED, NOT_F
     UNREADABLE, NotebookResult, cell_name, exercises_of, identify_lab, summarise)
 
 CHECK_BUDGET_S = 180  # seconds the grader's own checks may take after the notebook has run
+NUDGE_S = 5  # while a cell runs, a kernel_info request on the shell socket every this many s
+
+
+def _nudging_client():
+    """nbclient's ``NotebookClient``, which while it waits for a cell's reply sends the kernel a
+    ``kernel_info`` request every ``NUDGE_S`` seconds on the same shell socket.
+
+    ipykernel 7 can leave a request unread in its shell socket until another message arrives on
+    that socket (ipython/ipykernel issue 1554: a reply sent while the request landed consumes the
+    socket's edge-triggered wake-up). The kernel then sits idle and the cell never starts, and
+    a grader would wait out the whole budget and report a timeout the learner did not cause.
+    The request is such a message; the kernel answers it after the cell, and nbclient, which
+    matches replies to the cell's own request, ignores the answer. Nothing the cell computes
+    changes."""
+    import asyncio
+
+    from nbclient import NotebookClient
+
+    class NudgingClient(NotebookClient):
+        async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg,
+                                        task_poll_kernel_alive):
+            async def nudge():
+                while True:
+                    await asyncio.sleep(NUDGE_S)
+                    self.kc.kernel_info()
+
+            nudging = asyncio.ensure_future(nudge())
+            try:
+                return await super()._async_poll_for_reply(
+                    msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive)
+            finally:
+                nudging.cancel()
+
+    return NudgingClient
 
 
 def _grading_cell_source(params: dict) -> str:
@@ -46,7 +80,6 @@ def run_notebook(path: Path, timeout: float, kernel: str = "python3",
     """Execute one notebook in a fresh kernel within ``timeout`` seconds, then run the lab's
     checks on it in the same kernel (within ``check_budget`` seconds), and grade it."""
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     from inferlab.course import catalog, scan
@@ -110,7 +143,7 @@ def run_notebook(path: Path, timeout: float, kernel: str = "python3",
                 "module": module, "alias": alias, "exercises": exercises, "cells": code})
 
     env = {**os.environ, "TMPDIR": str(workdir / "tmp")}
-    client = NotebookClient(
+    client = _nudging_client()(
         nb, kernel_name=kernel, allow_errors=True, timeout_func=remaining,
         interrupt_on_timeout=False, shutdown_kernel="immediate", record_timing=False,
         startup_timeout=max(10, min(60, math.ceil(timeout))), on_cell_start=on_cell_start,
