@@ -263,6 +263,33 @@ def _resolve(device: str | None) -> tuple[str, "object"]:
     return (device or profile.device), profile
 
 
+def stream_rates(device: str | None = None, n_bytes: int | None = None,
+                 min_run_time: float | None = None,
+                 num_threads: int | None = None) -> tuple[int, dict[str, tuple[float, Timing]]]:
+    """The two memory streams ``measure_bandwidth`` picks from: the buffer's bytes, and for
+    ``"copy"`` (bytes read plus bytes written) and ``"read"`` (a sum over the buffer) the bytes
+    per second of the fastest run with its timing. The buffer is ``n_bytes`` (default: the
+    profile's size or twice the largest cache, whichever is larger)."""
+    device, profile = _resolve(device)
+    if n_bytes is None:  # at least twice the largest cache, or the probe would measure it
+        n_bytes = max(profile.probe_bytes, 2 * cache_bytes(device))
+    if n_bytes < 2**20:
+        raise ValueError(f"n_bytes={n_bytes} is too small to measure memory rather than cache; "
+                         "pass at least 1 MiB (the profile's default is "
+                         f"{profile.probe_bytes // 2**20} MiB)")
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    total = torch.empty((), dtype=torch.float32, device=device)
+    run_time = min_run_time or profile.min_run_time
+    size = src.numel() * src.element_size()
+    copy = time_fn(lambda: dst.copy_(src), min_run_time=run_time, label="copy",
+                   num_threads=num_threads)
+    read = time_fn(lambda: torch.sum(src, 0, out=total), min_run_time=run_time, label="read",
+                   num_threads=num_threads)
+    return size, {"copy": (2 * size / copy.min_s, copy),  # each byte read once, written once
+                  "read": (size / read.min_s, read)}
+
+
 def measure_bandwidth(device: str | None = None, n_bytes: int | None = None,
                       min_run_time: float | None = None,
                       num_threads: int | None = None) -> ProbeResult:
@@ -281,24 +308,8 @@ def measure_bandwidth(device: str | None = None, n_bytes: int | None = None,
     400 MB at 11.8-12.5 GB/s, 94-97% of the copy. A bare matrix-vector product streams about
     20% faster (15.1-15.7 GB/s), so a decode can come out a little above this floor.
     """
-    device, profile = _resolve(device)
-    if n_bytes is None:  # at least twice the largest cache, or the probe would measure it
-        n_bytes = max(profile.probe_bytes, 2 * cache_bytes(device))
-    if n_bytes < 2**20:
-        raise ValueError(f"n_bytes={n_bytes} is too small to measure memory rather than cache; "
-                         "pass at least 1 MiB (the profile's default is "
-                         f"{profile.probe_bytes // 2**20} MiB)")
-    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    total = torch.empty((), dtype=torch.float32, device=device)
-    run_time = min_run_time or profile.min_run_time
-    size = src.numel() * src.element_size()
-    copy = time_fn(lambda: dst.copy_(src), min_run_time=run_time, label="copy",
-                   num_threads=num_threads)
-    read = time_fn(lambda: torch.sum(src, 0, out=total), min_run_time=run_time, label="read",
-                   num_threads=num_threads)
-    rates = {"copy": (2 * size / copy.min_s, copy),  # every byte is read once and written once
-             "read": (size / read.min_s, read)}
+    device, _ = _resolve(device)
+    size, rates = stream_rates(device, n_bytes, min_run_time, num_threads)
     name = max(rates, key=lambda k: rates[k][0])
     other = "read" if name == "copy" else "copy"
     what = (f"memory bandwidth ({name}; a {other} reached {rates[other][0] / rates[name][0]:.0%}"

@@ -15,18 +15,20 @@ row, then runs it under ``torch.profiler`` and sorts each operator's own CPU tim
 - the rest of the wall time: Python and operator dispatch, which the profiler does not see as
   any operator's own time.
 
-The floor is the weights' bytes over the bandwidth measured here (``measure_bandwidth``), as in
+The floor is the weights' bytes over the bandwidth measured here (``measure_bandwidth``'s, from
+its two streams, ``stream_rates``), as in
 ``inferlab.benchmarks.roofline``. The profiler adds its own overhead, so its shares are read
 against its own total; the step's time is measured without it. One thread by default: on a
 CPU that other programs share, more threads wait at every operator's barrier.
 
-Then it separates the kernel from the engine, each timed alone on the same thread (medians):
+Then it separates the kernel from the engine, each timed alone on the same thread:
 
-- the memory itself: a read-only stream (a sum) and a copy over a buffer larger than the caches;
+- the memory itself: the bandwidth probe's read-only stream (a sum) and copy, over a buffer
+  larger than the caches, each rate reported;
 - the matrix-vector kernel alone: every weight matrix of the model multiplied by one vector, in
   the model's order, as the model stores them ((out, in), what ``F.linear`` reads), and the same
-  bytes stored the other way round ((in, out), ``x @ W``): if the kernel reached the read
-  stream's rate, the two would take the same time;
+  bytes stored the other way round ((in, out), ``x @ W``), each its fastest run as the memory
+  probe's are: if the kernel reached the read stream's rate, the two would take the same time;
 - the bare model's decode step over a contiguous cache (``inferlab.model.kv_cache``), which is
   the engine's step without its scheduler, block tables, metadata and sampling.
 """
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from inferlab.analysis import formulas
-from inferlab.analysis.hardware import cache_bytes, detect_device, measure_bandwidth
+from inferlab.analysis.hardware import detect_device, stream_rates
 from inferlab.measurements import write_record
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
@@ -118,9 +120,9 @@ def bare_step(model, context: int):
     return step
 
 
-def kernel_probes(model, min_run_time: float = 1.0) -> dict[str, float]:
-    """Bytes per second of the memory (a read stream, a copy) and of the matrix-vector kernel over
-    the model's own weights, stored (out, in) as the model holds them and (in, out); medians."""
+def gemv_rates(model, min_run_time: float = 1.0) -> dict[str, float]:
+    """Bytes per second of the matrix-vector kernel over the model's own weights, stored (out, in)
+    as the model holds them and (in, out); the fastest run, as the memory probe takes its."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     total = sum(w.numel() * w.element_size() for w in weights)
     xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
@@ -133,16 +135,9 @@ def kernel_probes(model, min_run_time: float = 1.0) -> dict[str, float]:
     def other_way():
         for w in flipped:
             xs[w.shape[0]] @ w
-    n = max(total, 2 * cache_bytes("cpu")) // 4
-    src, dst = torch.ones(n), torch.empty(n)
-    timed = lambda fn: time_fn(fn, min_run_time=min_run_time).median_s  # noqa: E731
     with torch.inference_mode():
-        rates = {"read_stream": 4 * n / timed(lambda: src.sum()),
-                 "copy": 8 * n / timed(lambda: dst.copy_(src)),
-                 "gemv_as_stored": total / timed(stored),
-                 "gemv_in_out_layout": total / timed(other_way)}
-    del flipped, src, dst
-    return rates
+        return {"gemv_as_stored": total / time_fn(stored, min_run_time=min_run_time).min_s,
+                "gemv_in_out_layout": total / time_fn(other_way, min_run_time=min_run_time).min_s}
 
 
 def measure(model_name: str = "small", context: int = 33, threads: int = 1,
@@ -151,19 +146,18 @@ def measure(model_name: str = "small", context: int = 33, threads: int = 1,
     torch.set_num_threads(threads)
     model = build_model(model_name, seed=0, dtype=torch.float32)
 
-    def median_wall(step) -> float:
-        for _ in range(3):
-            step()
-        walls = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            walls.append(time.perf_counter() - t0)
-        return statistics.median(walls)
     step = decode_step(model, context)
-    wall = median_wall(step)
-    bare = median_wall(bare_step(model, context))
-    bandwidth = measure_bandwidth("cpu", num_threads=threads).value
+    steps = (step, bare_step(model, context))
+    walls: tuple[list, list] = ([], [])
+    for i in range(3 + repeats):  # alternating, so that a change of load treats both alike
+        for fn, times in zip(steps, walls):
+            t0 = time.perf_counter()
+            fn()
+            if i >= 3:  # three warm-up calls each
+                times.append(time.perf_counter() - t0)
+    wall, bare = (statistics.median(times) for times in walls)
+    _, streams = stream_rates("cpu", num_threads=threads)  # measure_bandwidth's two streams
+    bandwidth = max(rate for rate, _ in streams.values())  # and its choice: the faster
     step_bytes = formulas.decode_bytes_per_step(model.config, torch.float32)
     groups, shapes = breakdown(step)
     profiled = sum(groups.values())
@@ -171,7 +165,8 @@ def measure(model_name: str = "small", context: int = 33, threads: int = 1,
               "context": context, "weight_bytes": step_bytes, "probe_bandwidth": bandwidth,
               "floor_s": step_bytes / bandwidth, "engine_step_s": wall, "bare_model_step_s": bare,
               "fraction_of_floor": step_bytes / bandwidth / wall,
-              "kernel_bytes_per_s": kernel_probes(model),
+              "kernel_bytes_per_s": {"read_stream": streams["read"][0],
+                                     "copy": streams["copy"][0], **gemv_rates(model)},
               "profile_shares": {name: seconds / profiled for name, seconds in groups.items()}}
     return record, groups, shapes
 

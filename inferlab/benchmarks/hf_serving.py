@@ -38,10 +38,9 @@ from inferlab.device import check_dtype
 from inferlab.measurements import default_path, write_record
 from inferlab.model.llama import build_model
 from inferlab.model.weights import load_checkpoint
-from inferlab.benchmarks.prefill import hf_twin
-from inferlab.serving.block_manager import blocks_for
+from inferlab.benchmarks.prefill import hf_twin, require_transformers
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.engine import Engine
+from inferlab.serving.engine import Engine, pool_blocks
 from inferlab.serving.request import Request
 
 COMMAND = "python -m inferlab.benchmarks.hf_serving"
@@ -74,10 +73,10 @@ class Pair:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         self.requests = requests
-        longest = max(len(r.prompt) + r.max_new_tokens for r in requests)
-        num_blocks = max_batch * blocks_for(longest, block_size)
-        self.config = ServingConfig(block_size=block_size, num_blocks=num_blocks,
-                                    max_batch=max_batch, token_budget=token_budget)
+        config = ServingConfig(block_size=block_size, max_batch=max_batch,
+                               token_budget=token_budget)
+        num_blocks = pool_blocks(model, requests, config)  # the engine's one sizing rule
+        self.config = config.replace(num_blocks=num_blocks)
         self.engine = Engine(model, self.config)
         self.hf = hf_twin(model)
         output = requests[0].max_new_tokens
@@ -140,11 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true",
                         help="write a record to data/measurements/")
     args = parser.parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        print("this comparison needs Hugging Face transformers (pip install transformers); it is "
-              "not one of the course's requirements")
+    transformers = require_transformers()
+    if transformers is None:
         return 0
     transformers.logging.set_verbosity_error()
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)

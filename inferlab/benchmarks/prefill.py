@@ -31,6 +31,18 @@ from inferlab.model.llama import build_model
 from inferlab.timing import time_fn
 
 
+def require_transformers():
+    """The transformers module, or None after saying that these comparisons need it (it is no
+    requirement of the course)."""
+    try:
+        import transformers
+    except ImportError:
+        print("this comparison needs Hugging Face transformers (pip install transformers); it is "
+              "not one of the course's requirements")
+        return None
+    return transformers
+
+
 def hf_twin(model):
     """transformers' ``LlamaForCausalLM`` (SDPA attention) holding ``model``'s weights."""
     import transformers
@@ -117,11 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true",
                         help="write a record to data/measurements/")
     args = parser.parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        print("this comparison needs Hugging Face transformers (pip install transformers); it is "
-              "not one of the course's requirements")
+    transformers = require_transformers()
+    if transformers is None:
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
