@@ -324,3 +324,26 @@ def test_the_scheduler_admits_through_a_contiguous_reservation():
     assert (a.table.slots_held, b.table.slots_held) == (40, 50)
     with pytest.raises(ValueError, match="never finish"):
         sched.add(seq(3, 60, 10))  # 69 tokens at its longest, beyond max_len
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked"])
+def test_a_sequence_that_arrives_with_its_cache_computes_only_its_newest_token(policy):
+    # A disaggregated decode instance receives a request whose prompt's K/V were computed and
+    # sent by a prefill instance, with the first token sampled there: admission gives it blocks
+    # for every token and keeps what it brought, so its first step here is one decode row.
+    sched = Scheduler(ServingConfig(block_size=16, num_blocks=64, max_batch=8, policy=policy,
+                                    token_budget=64 if policy == "chunked" else None))
+    arrived = Sequence(0, tuple(range(1, 301)), 8, output=[7], num_computed=300)
+    fresh = Sequence(1, tuple(range(1, 21)), 4)
+    for seq in (arrived, fresh):
+        sched.add(seq)
+    step = sched.schedule()
+    assert arrived.table.num_tokens == 301 and arrived.num_computed == 300
+    assert step.new_tokens(arrived) == 1 and step.new_tokens(fresh) == 20
+    sched.update(step, [5, 6])
+    assert arrived.num_computed == 301 and arrived.output == [7, 5]
+    # a preempted one loses what it held and is recomputed from its first token (counted)
+    sched.preempt(arrived)
+    assert arrived.num_computed == 0 and arrived.num_preemptions == 1
+    with pytest.raises(SchedulingError, match="newest one is left"):
+        sched.add(Sequence(2, (1, 2, 3), 4, output=[9], num_computed=4))

@@ -116,9 +116,19 @@ class Scheduler:
 
     # -- the actions: the only code that changes a sequence's state ------------------------
     def add(self, seq: Sequence) -> None:
-        """A new request joins the waiting queue."""
+        """A new request joins the waiting queue.
+
+        A sequence may arrive with its cache: ``seq.num_computed`` leading tokens whose K/V were
+        computed elsewhere and travel with it (a disaggregated decode instance receives each
+        request so, from the prefill instance that ran its prompt). ``admit`` keeps them; at
+        least the newest token is left to compute, since that step samples the next one.
+        """
         if seq.status is not Status.WAITING or seq.table is not None:
             raise SchedulingError(f"only new sequences can be added, got {seq!r}")
+        if not 0 <= seq.num_computed < seq.num_tokens:
+            raise SchedulingError(f"{seq!r} arrives with K/V for {seq.num_computed} of its "
+                                  f"{seq.num_tokens} tokens; at least its newest one is left "
+                                  "to compute")
         if not self.memory.can_hold(seq.max_tokens):
             raise ValueError(f"sequence {seq.seq_id} needs {self.blocks_for(seq.max_tokens)} "
                              f"blocks at its longest but the pool has "
@@ -126,7 +136,12 @@ class Scheduler:
         _insert(self.waiting, seq)
 
     def admit(self, seq: Sequence) -> None:
-        """Move ``seq`` from waiting to running, with memory for its prompt and output so far."""
+        """Move ``seq`` from waiting to running, with memory for its prompt and output so far.
+
+        The tokens whose K/V it holds are the more of what it arrived with (``num_computed``:
+        0 for a new request and after a preemption, the transferred tokens for a handed-off one)
+        and what the memory already caches (a prefix cache's hit); only the rest are computed.
+        """
         if seq.status is not Status.WAITING:
             raise SchedulingError(f"admit: {seq!r} is not waiting")
         if len(self.running) >= self.max_batch:
@@ -134,7 +149,8 @@ class Scheduler:
         # raises OutOfBlocksError, changing nothing, if there is no room
         table, cached = self.memory.allocate_sequence(seq)  # cached: a prefix cache's hit
         self.waiting.remove(seq)
-        seq.table, seq.status, seq.num_computed = table, Status.RUNNING, cached
+        seq.table, seq.status = table, Status.RUNNING
+        seq.num_computed = max(seq.num_computed, cached)
         _insert(self.running, seq)
 
     def append_slot(self, seq: Sequence) -> None:
