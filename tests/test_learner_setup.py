@@ -1,15 +1,20 @@
 """A learner's own machine: the short path the README and the setup page give, in a fresh
-virtual environment.
+virtual environment, and every lab run to its end in it.
 
-    python -m pip install -e ".[labs]"      # after the CPU build of torch, on Linux
+    python -m pip install torch==2.13.0      # the CPU build first, on Linux
+    python -m pip install -e ".[labs]"
     cp -r labs my-labs && jupyter lab my-labs
 
 As tests/test_colab_setup.py does for Colab, the environment is a plain venv (not
 ``--system-site-packages``), pip reads this machine's configured local indexes so that nothing is
 downloaded, and torch goes in first from the CPU wheel on disk, as the setup page tells a Linux
 learner without a GPU to do; the install must then keep it. The test copies labs/ as a learner
-does, checks that JupyterLab and a kernel of the venv's own Python are there, and runs a copied
-lab from top to bottom in that kernel with ``jupyter nbconvert --execute``.
+does, checks that JupyterLab and a kernel of the venv's own Python are there, and runs **every**
+copied lab from top to bottom in that kernel with ``jupyter nbconvert --execute``, unsolved (each
+check lends the package's reference): a lab that imports anything the learner's install lacks
+fails here. This is where CI executes the student labs (once: they are not collected by nbval
+as well). Then the course server starts from the venv and answers ``/health``: Chapter 9's
+server and Lab 9 need its imports too.
 
 The other tests read the files: the ``labs`` extra exists and pins nothing, and every
 requirement with no wheels for some system (triton: Linux only) carries its platform marker.
@@ -20,63 +25,128 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import nbformat
+import pytest
 from packaging.requirements import Requirement
 
 from test_colab_setup import PREINSTALL, _offline_pip_env, _versions
 
-LAB = "08_cost.ipynb"  # formulas, tables and the simulator: the quickest lab to run end to end
+ROOT = Path(__file__).resolve().parents[1]
+LABS = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
 # Packages with no wheels for some of the systems a learner may use, and those systems.
 NOT_ON = {"triton": ("win32", "darwin"), "uvloop": ("win32",)}
 
 
-def test_the_learner_path_installs_and_runs_a_lab(root, tmp_path):
+@dataclass
+class Learner:
+    venv: Path
+    python: Path
+    bin_dir: Path
+    labs: Path          # the learner's copy of labs/
+    env: dict
+    before: dict        # package versions before the course's install (torch alone)
+    after: dict
+
+    def run(self, *args, timeout=900):
+        return subprocess.run([str(a) for a in args], env=self.env, cwd=self.venv.parent,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory) -> Learner:
+    """A venv made as README's learner quick start says, and a copy of labs/ in it."""
+    tmp = tmp_path_factory.mktemp("learner")
     env = _offline_pip_env()
-    env["JUPYTER_DATA_DIR"] = str(tmp_path / "jupyter-data")  # no kernels but the venv's own
-    env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "jupyter-config")
-    venv = tmp_path / "learner"
+    env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")  # no kernels but the venv's own
+    env["JUPYTER_CONFIG_DIR"] = str(tmp / "jupyter-config")
+    env.pop("TRITON_INTERPRET", None)  # a learner's shell does not set it
+    venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python, bin_dir = venv / "bin" / "python", venv / "bin"
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    run = dict(env=env, cwd=tmp_path, capture_output=True, text=True)
+    run = dict(env=env, cwd=tmp, capture_output=True, text=True)
 
     torch_first = subprocess.run([str(python), "-m", "pip", "install", "-q", PREINSTALL[0]],
                                  timeout=600, **run)
     assert torch_first.returncode == 0, torch_first.stderr[-3000:]
-    before = _versions(python, env, tmp_path)
+    before = _versions(python, env, tmp)
     installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e",
-                                f"{root}[labs]"], timeout=900, **run)
+                                f"{ROOT}[labs]"], timeout=900, **run)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    after = _versions(python, env, tmp_path)
-    assert after["torch"] == before["torch"], "the learner's install replaced torch"
-    assert {"inferlab", "jupyterlab", "ipykernel", "ipywidgets"} <= set(after)
+    mine = tmp / "my-labs"
+    shutil.copytree(ROOT / "labs", mine)  # what the learner works in
+    return Learner(venv, python, bin_dir, mine, env, before, _versions(python, env, tmp))
 
-    lab = subprocess.run([str(bin_dir / "jupyter"), "lab", "--version"], timeout=120, **run)
+
+def test_the_learner_path_installs_jupyterlab_and_keeps_torch(learner):
+    assert learner.after["torch"] == learner.before["torch"], "the learner's install replaced torch"
+    assert {"inferlab", "jupyterlab", "ipykernel", "ipywidgets", "tokenizers"} <= set(learner.after)
+    lab = learner.run(learner.bin_dir / "jupyter", "lab", "--version", timeout=120)
     assert lab.returncode == 0 and lab.stdout.strip(), lab.stderr[-2000:]
-    specs = subprocess.run([str(bin_dir / "jupyter"), "kernelspec", "list", "--json"],
-                           timeout=120, **run)
+    specs = learner.run(learner.bin_dir / "jupyter", "kernelspec", "list", "--json", timeout=120)
     kernel = json.loads(specs.stdout)["kernelspecs"]["python3"]
-    assert kernel["resource_dir"].startswith(str(venv)) or \
-        kernel["spec"]["argv"][0] in ("python", str(python)), kernel
+    assert kernel["resource_dir"].startswith(str(learner.venv)) or \
+        kernel["spec"]["argv"][0] in ("python", str(learner.python)), kernel
+    probe = learner.run(learner.python, "-c", "import inferlab; print(inferlab.__file__)",
+                        timeout=120)
+    assert probe.stdout.strip().startswith(str(ROOT)), probe  # editable: the checkout's package
 
-    mine = tmp_path / "my-labs"
-    shutil.copytree(root / "labs", mine)  # what the learner works in
-    done = subprocess.run([str(bin_dir / "jupyter"), "nbconvert", "--to", "notebook",
-                           "--execute", "--ExecutePreprocessor.timeout=300",
-                           "--output", "executed.ipynb", str(mine / LAB)], timeout=900, **run)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    executed = nbformat.read(mine / "executed.ipynb", as_version=4)
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_lab_runs_to_its_end_in_the_learner_s_install(learner, lab):
+    number = int(lab.split("_")[0])
+    out = learner.labs / f"executed_{lab}"
+    done = learner.run(learner.bin_dir / "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                       "--ExecutePreprocessor.timeout=600", "--output", out.name,
+                       learner.labs / lab)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    executed = nbformat.read(out, as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
                    for o in c.outputs)
-    assert "[TODO] Exercise 8.1" in text  # the unsolved lab ran on the references
+    assert f"[TODO] Exercise {number}.1" in text  # the unsolved lab ran on the references
     assert "exercises checked in this session passed" in text  # ...to its last cell
-    probe = subprocess.run([str(python), "-c", "import inferlab, sys; print(inferlab.__file__)"],
-                           timeout=120, **run)
-    assert probe.stdout.strip().startswith(str(root)), probe  # editable: the checkout's package
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_course_server_starts_in_the_learner_s_install(learner):
+    port = _free_port()
+    server = subprocess.Popen([str(learner.python), "-m", "inferlab.serve", "--port", str(port),
+                               "--threads", "1"], env=learner.env, cwd=learner.venv.parent,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, answer = time.monotonic() + 180, None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                    answer = json.loads(r.read())
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if answer is None:
+            said = server.communicate(timeout=30)[0] if server.poll() is not None \
+                else "(still starting after 180 s)"
+            pytest.fail(f"the course server did not start in the learner's install:\n{said[-3000:]}")
+        assert answer["data"] and answer["data"][0]["id"]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def test_the_labs_extra_pins_nothing_and_brings_no_torch(root):
