@@ -14,7 +14,7 @@ import sys
 ENGINES = {"vLLM", "SGLang", "TensorRT-LLM", "Dynamo", "llm-d", "LMCache", "FlashInfer",
            "KServe", "Gateway API Inference Extension", "nano-vllm", "transformers", "xgrammar",
            "NIXL", "Mooncake", "DeepEP", "TGI", "llama.cpp", "Ollama", "FlashAttention",
-           "FlashMLA", "DeepGEMM", "NCCL", "OpenAI API"}
+           "FlashMLA", "DeepGEMM", "NCCL", "OpenAI API", "torchao", "gpt-fast"}
 ROLE = re.compile(r"\{engine\}`([^`]+)`")
 
 
