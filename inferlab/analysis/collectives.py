@@ -124,20 +124,32 @@ def nccl_model() -> dict[str, list[dict]]:
     return out
 
 
-def nccl_all_reduce(link: Link, nbytes: float, devices: int, protocol: str | None = None) -> Cost:
-    """A ring all-reduce by NCCL's own cost model: the faster protocol, or ``protocol``."""
-    if devices < 2:
-        return Cost(0.0, 0.0, "none")
-    traffic = ring_bytes(nbytes, devices)
+def _nccl(link: Link, traffic: float, steps: int, protocol: str | None, what: str) -> Cost:
+    """NCCL's model for ``steps`` ring steps moving ``traffic`` bytes per rank: the faster
+    protocol, or ``protocol``."""
     if link.link_class == "ideal":
-        return Cost(0.0, traffic / link.bandwidth, "ring at the line rate")
-    steps = 2 * (devices - 1)
+        return Cost(0.0, traffic / link.bandwidth, f"{what} at the line rate")
     costs = [Cost(p["base_s"] + steps * p["step_s"], traffic / (p["share"] * link.bus),
-                  f"NCCL ring, {p['protocol']}")
+                  f"NCCL {what}, {p['protocol']}")
              for p in nccl_model()[link.link_class] if protocol in (None, p["protocol"])]
     if not costs:
         raise ValueError(f"no NCCL protocol {protocol!r} for {link.link_class} links")
     return min(costs, key=lambda c: c.seconds)
+
+
+def nccl_all_reduce(link: Link, nbytes: float, devices: int, protocol: str | None = None) -> Cost:
+    """A ring all-reduce by NCCL's own cost model: 2 (N - 1) steps, the ring's bytes; the faster
+    protocol, or ``protocol``."""
+    if devices < 2:
+        return Cost(0.0, 0.0, "none")
+    return _nccl(link, ring_bytes(nbytes, devices), 2 * (devices - 1), protocol, "ring")
+
+
+def send(link: Link, nbytes: float) -> Cost:
+    """One transfer of ``nbytes`` to the next device (a pipeline's hop), priced as a single step
+    of NCCL's model on this link: its base latency, one hop, the bytes at a protocol's share
+    of the bus bandwidth. (NCCL's table is for collectives; the course applies it to one step.)"""
+    return _nccl(link, nbytes, 1, None, "send")
 
 
 # --- the engines' custom all-reduce ----------------------------------------------------
