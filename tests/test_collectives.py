@@ -73,7 +73,7 @@ def test_engines_use_the_custom_kernel_only_where_vllm_does():
 
 def test_deepep_bytes_per_token_reproduce_its_published_bandwidths():
     """DeepEP's logical bandwidth is (tokens x top-k rows) / time: with FP8 rows carrying one
-    float32 scale per 128 channels at the dispatch and bf16 rows at the combine, the course's
+    4-byte scale per 128 channels at the dispatch and bf16 rows at the combine, the course's
     byte count over DeepEP's published times gives DeepEP's published bandwidths."""
     a2a = c.ExpertAllToAll(144, 8, 7168, NIC, layers=58)
     assert a2a.bytes_per_token("dispatch") == 8 * 7168 * (1 + 4 / 128) == 59136

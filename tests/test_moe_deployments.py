@@ -114,7 +114,7 @@ def test_the_all_to_all_is_counted_per_token_through_each_nic_and_bounds_the_dec
     a2a = md.deepseek_all_to_all(ds)
     v3 = MoEConfig.from_name("deepseek-v3")
     assert (a2a.ep, a2a.layers, a2a.experts_per_token, a2a.hidden) == (144, 58, 8, 7168)
-    # every MoE layer: 8 rows of 7168 out in FP8 (+ a float32 scale per 128) and back in bf16;
+    # every MoE layer: 8 rows of 7168 out in FP8 (+ a 4-byte scale per 128) and back in bf16;
     # 136 of 144 destinations are on other nodes
     per_token = v3.moe_layers * 136 / 144 * 8 * 7168 * ((1 + 4 / 128) + 2)
     assert a2a.layers * (a2a.nic_bytes_per_token("dispatch")

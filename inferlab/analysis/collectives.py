@@ -7,8 +7,9 @@ bandwidth* against which a collective's bytes are counted. The step-time model
 
 **All-reduce.** For a message of S bytes on N ranks, the algorithms move per rank:
 
-- ring (NCCL): 2 (N - 1) steps, each rank sends and receives 2 (N - 1) / N x S bytes, the least any
-  algorithm can (nccl-tests PERFORMANCE.md); bandwidth-optimal, and its latency grows with N;
+- ring (NCCL; its tree and NVLink SHARP algorithms are not modelled): 2 (N - 1) steps, each rank
+  sends and receives 2 (N - 1) / N x S bytes, the least an algorithm built from point-to-point
+  transfers can move (nccl-tests PERFORMANCE.md); bandwidth-optimal, its latency grows with N;
 - one-shot (engines' custom kernels): every rank reads all N - 1 peers' whole buffers and adds
   them, (N - 1) x S bytes in per rank, but a single synchronisation: latency-optimal;
 - two-shot: a reduce-scatter then an all-gather, 2 (N - 1) / N x S bytes like the ring, in two
@@ -30,9 +31,9 @@ Prices, each from its own source:
 
 **All-to-all** (expert parallelism's dispatch and combine): ``ExpertAllToAll`` prices DeepEP's
 low-latency kernels from their published timings (``data/deepep.csv``): each token sends k rows
-(FP8 with one float32 scale per 128 channels at the dispatch, bf16 at the combine), the rows bound
-for other nodes cross the GPU's NIC at its line rate, and what the published time leaves over is
-a per-call latency.
+(FP8 with one scale per 128 channels at the dispatch, a scale counted as 4 bytes; bf16 at the
+combine), the rows bound for other nodes cross the GPU's NIC at its line rate, and what the
+published time leaves over is a per-call latency.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def all_reduce(link: Link, nbytes: float, devices: int) -> Cost:
 
 # --- expert parallelism's all-to-all ----------------------------------------------------
 
-FP8_DISPATCH_BYTES = 1 + 4 / 128   # FP8 codes plus one float32 scale per 128 channels (DeepEP)
+FP8_DISPATCH_BYTES = 1 + 4 / 128   # FP8 codes plus one 4-byte scale per 128 channels (DeepEP)
 BF16_COMBINE_BYTES = 2
 
 

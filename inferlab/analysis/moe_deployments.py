@@ -22,8 +22,9 @@ combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), throug
 (``inferlab.analysis.collectives.ExpertAllToAll``). DeepSeek overlaps it with computation by
 splitting each step into two micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which
 hides only the smaller of the two. ``published_operating_point`` reads the decode batch per GPU
-and the context from DeepSeek's published statistics, and ``mtp`` the tokens a step yields with
-the multi-token-prediction module (DeepSeek-AI 2024, acceptance of the second token).
+and the context from DeepSeek's published statistics, and ``mtp_tokens_per_step`` the tokens a
+step yields with the multi-token-prediction module (DeepSeek-AI 2024, acceptance of the second
+token).
 
 gpt-oss-120b is published for the opposite deployment: one 80 GB GPU, with its routed experts in
 MXFP4 (4.25 bits a weight with the block scale) and everything else in bf16 (``data/published.csv``:
