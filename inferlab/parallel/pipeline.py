@@ -19,9 +19,9 @@ of the time (with P equal stages t: min(1, m t / (P (t + tau)))). m = P batches 
 of equal stages when transfers are free; hops need more. With unequal stages (the last one also
 runs the LM head) the full pipeline serves one batch every t_max, not every mean stage time, and
 the other stages idle the difference. There is no fill-and-drain term, however long it runs;
-what the pipeline costs instead is latency: every token of a sequence waits for the whole round trip, the
-one-device step plus P transfers, so pipeline parallelism never shortens a token's time and
-lengthens it by the hops. A stage's time may be one number (P equal stages) or one per stage.
+what the pipeline costs instead is latency: every token of a sequence waits for the whole round
+trip, the one-device step plus P transfers, so pipeline parallelism never shortens a token's
+time and lengthens it by the hops. A stage's time may be one number (P equal stages) or one per stage.
 """
 
 from __future__ import annotations
