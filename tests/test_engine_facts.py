@@ -141,8 +141,9 @@ def test_the_rule_fails_on_an_unmarked_claim():
     assert _unmarked("Fine.", takeaway="SGLang pages hold one token.") == [("SGLang", 18)]
     assert _unmarked("- vLLM splits n {engine}`vllm-n`;\n- SGLang pages hold one token.") \
         == [("SGLang", 8)]
-    # a library named the way the book names it is found too
+    # a library named the way the book names it is found too, and an API by its name
     assert _unmarked("Hugging Face's `generate` drafts by lookup.") == [("transformers", 7)]
+    assert _unmarked("The Responses API keeps state by id.") == [("OpenAI API", 7)]
 
 
 def test_the_rule_accepts_marked_claims_and_its_exemptions():
@@ -150,8 +151,10 @@ def test_the_rule_accepts_marked_claims_and_its_exemptions():
     # the role may sit anywhere in the paragraph, and a row whose claim names an engine covers it
     assert _unmarked("vLLM splits n > 1 {engine}`vllm-n`;\nthe rest is the same.") == []
     assert _unmarked("vLLM runs XGrammar {engine}`vllm-grammar`.") == []
-    # code, a paper's label, "OpenAI-compatible" and the References section: the page above
+    # code, a paper's label, "OpenAI-compatible" and the References section: the page above;
+    # a vendor's models or prices are not its API
     assert _unmarked("Nothing here names an engine.") == []
+    assert _unmarked("OpenAI's gpt-oss models ship MXFP4 weights; the OpenAI row is dated.") == []
 
 
 def test_the_rule_catches_a_role_removed_from_chapter_6(root):

@@ -35,8 +35,8 @@ def facts_by_age(facts: dict[str, dict]) -> list[dict]:
 # --- Which paragraphs name an engine without saying which version ------------------------------
 
 # How prose names each engine the book makes claims about. Case matters: "vLLM" is the engine,
-# "vllm" in `vllm serve` is a command. Library names that are also English words are matched
-# only in the forms the book writes them as a library (`transformers`, Hugging Face's `generate`).
+# "vllm" in `vllm serve` is a command. A library whose name is also an English word is matched
+# only in the forms the book uses for the library (`transformers`, "Hugging Face's ...").
 ENGINE_NAMES = {
     "vLLM": r"vLLM",
     "SGLang": r"SGLang",
@@ -60,8 +60,10 @@ ENGINE_NAMES = {
     "FlashMLA": r"FlashMLA",
     "DeepGEMM": r"DeepGEMM",
     "NCCL": r"NCCL",
-    # the API OpenAI defines; "an OpenAI-compatible server" names the shape, not a claim
-    "OpenAI API": r"OpenAI(?!-compatible)",
+    # the API OpenAI defines, named as an API ("OpenAI's Completions API", "the Responses API");
+    # "an OpenAI-compatible server" names a shape, and OpenAI's models and prices are not its API
+    "OpenAI API": r"OpenAI(?:'s)? (?:[A-Z]\w* )*API|(?<!compatible )(?:Chat )?Completions API"
+                  r"|Responses API",
 }
 _NAME = {engine: re.compile(rf"(?<![\w-])(?:{pattern})(?![\w-])")
          for engine, pattern in ENGINE_NAMES.items()}
