@@ -106,7 +106,7 @@ def test_deepep_bytes_reproduce_its_published_bandwidths():
     a2a = c.ExpertAllToAll(144, 8, 7168, NIC, layers=58)
     assert a2a.bytes_per_token("dispatch") == 8 * (7168 + 224 + 16) == 59264
     assert a2a.bytes_per_token("combine") == 8 * 7168 * 2
-    for row in c.deepep_rows():
+    for row in (r for k in c.DEEPEP_KERNELS for r in c.deepep_rows(k)):
         x = c.ExpertAllToAll(int(row["ep"]), int(row["topk"]), int(row["hidden"]), NIC)
         for phase in ("dispatch", "combine"):
             logical = row["tokens"] * x.bytes_per_token(phase) / (row[f"{phase}_us"] * 1e-6)
@@ -117,7 +117,7 @@ def test_the_nic_share_follows_the_kernel_version():
     assert c.ExpertAllToAll(144, 8, 7168, NIC).remote_share == pytest.approx(143 / 144)
     assert c.ExpertAllToAll(144, 8, 7168, NIC, kernel="nvlink").remote_share == pytest.approx(136 / 144)
     assert c.ExpertAllToAll(8, 8, 7168, NIC, kernel="nvlink").remote_share == 0   # all NVLink
-    assert {r["kernel"] for r in c.deepep_rows()} == {"rdma", "nvlink"}
+    assert {r["kernel"] for r in c.deepep_rows()} == {"rdma", "nvlink", "normal"}
     assert {r["ep"] for r in c.deepep_rows("nvlink")} == {8, 16, 32, 64}   # re-measured only
 
 
@@ -155,3 +155,25 @@ def test_both_bounds_reproduce_the_published_times_and_part_away_from_them():
         c.ExpertAllToAll(512, 8, 7168, NIC).cost("dispatch", 1)
     with pytest.raises(ValueError, match="kernel"):
         c.ExpertAllToAll(144, 8, 7168, NIC, kernel="v2")
+
+
+def test_prefill_kernels_send_a_token_once_per_node_at_their_published_bandwidth():
+    """DeepEP's normal kernels (training and prefill): one FP8 row per destination node, at
+    most 4 nodes under node-limited routing, at the bottleneck bandwidth of its table."""
+    ep32 = c.PrefillAllToAll(32, 8, 7168)
+    assert ep32.destinations_per_token() == pytest.approx(4 * (1 - 0.75 ** 8))
+    assert c.PrefillAllToAll(256, 8, 7168).destinations_per_token() == pytest.approx(
+        ep32.destinations_per_token())                      # still at most 4 nodes
+    assert ep32.row_bytes("dispatch") == 7168 * (1 + 4 / 128) and ep32.row_bytes("combine") == 14336
+    assert ep32.bandwidth("dispatch") == 58e9 and ep32.bandwidth("combine") == 57e9
+    assert c.PrefillAllToAll(8, 8, 7168).bandwidth("combine") == 158e9     # NVLink, one node
+    assert c.PrefillAllToAll(48, 8, 7168).bandwidth("dispatch") == pytest.approx(54.5e9)
+    call = ep32.cost("dispatch", 4096)
+    assert call.latency_s == 0 and call.bytes == pytest.approx(4096 * 3.5995 * 7392, rel=1e-4)
+    assert call.seconds == pytest.approx(call.bytes / 58e9)
+    # per token, prefill's kernels move fewer bytes over the NIC than decode's, and faster
+    decode = c.ExpertAllToAll(144, 8, 7168, NIC)
+    assert ep32.bytes_per_token("dispatch") < decode.nic_bytes_per_token("dispatch") / 2
+    assert ep32.bandwidth("dispatch") > decode.nic_bandwidth("dispatch")
+    with pytest.raises(ValueError, match="EP"):
+        c.PrefillAllToAll(12, 8, 7168).cost("dispatch", 1)

@@ -91,10 +91,34 @@ def test_a_sliding_window_caps_keys_and_cache_reads():
 def test_mla_prices_attention_on_its_latent_cache():
     v3 = mla.MLAShape(61, 7168, 128, 1536, 512, 128, 64, 128)
     attn = mla.attention_cost(v3)
-    assert attn == Attention(mla.kv_bytes_per_token(v3), 61 * 128 * (2 * 576 + 2 * 512))
+    assert attn == Attention(mla.kv_bytes_per_token(v3), 61 * 128 * (2 * 576 + 2 * 512), kv_heads=1)
     model = StepModel.for_device(LLAMA13, "H100 SXM", attention=attn)
     k = by_name(model.kernels(Shape.of_rows([(1, 999)])))
     assert k["attention"].bytes == 1001 * 61 * 576 * 2
+
+
+def test_tensor_parallelism_splits_the_cache_only_over_its_kv_heads():
+    """MLA caches one latent per token that every head reads: tensor parallelism splits its
+    heads' FLOPs but every device reads the whole latent. A grouped-query cache splits over
+    its KV heads and is replicated beyond them (vLLM's QKVParallelLinear)."""
+    from dataclasses import replace
+
+    v3 = mla.MLAShape(61, 7168, 128, 1536, 512, 128, 64, 128)
+    attn = replace(mla.attention_cost(v3), compute="bfloat16")
+    shape = Shape.decode(64, 64 * 4096)
+    one = by_name(StepModel.for_device(LLAMA13, "H100 SXM", attention=attn).kernels(shape))
+    tp8 = by_name(StepModel.for_device(LLAMA13, "H100 SXM", attention=attn, devices=8,
+                                       link="NVLink H100").kernels(shape))
+    whole = (64 * 4096 + 64) * 61 * 576 * 2
+    assert one["attention"].memory_s == pytest.approx(whole / 3.35e12)
+    assert tp8["attention"].memory_s == pytest.approx(one["attention"].memory_s)  # not / 8
+    assert tp8["attention"].compute_s == pytest.approx(one["attention"].compute_s / 8)
+    assert tp8["attention"].bytes == pytest.approx(8 * whole)        # eight full copies read
+    # Llama-3-70B has 8 KV heads: split over 8 devices, replicated twice over 16
+    config = ModelConfig.from_name("llama-3-70b")
+    kv = {n: by_name(StepModel.for_device(config, "H100 SXM", devices=n, link="NVLink H100")
+                     .kernels(shape))["attention"].memory_s for n in (1, 8, 16)}
+    assert kv[8] == pytest.approx(kv[1] / 8) and kv[16] == pytest.approx(kv[8])
 
 
 def test_tensor_parallel_splits_work_and_adds_its_collectives():

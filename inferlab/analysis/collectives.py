@@ -28,7 +28,10 @@ moves through one rank's link, so a step's traffic can be counted.
   bandwidth, fitted to vLLM's own CUDA-graph timings on H100 (6 and 8 GPUs,
   ``data/allreduce_timings.csv``), used for every group of 2 to 8 GPUs on that link.
 
-**Expert all-to-all** (``ExpertAllToAll``): DeepEP's low-latency dispatch and combine, from its
+**Expert all-to-all**, DeepEP's two kernel families, each for its phase. ``PrefillAllToAll``:
+the normal (high-throughput) kernels DeepEP gives for training and prefill, from their published
+bottleneck bandwidths at 4,096 tokens a GPU; a token is sent once per destination node and
+forwarded over NVLink. ``ExpertAllToAll``: the low-latency kernels for decode, from their
 published times at 128 tokens a GPU (``data/deepep.csv``). The Feb-2025 kernel sent every row
 but a rank's own through its NIC, so its table gives the NIC's achieved bandwidth at each EP
 width; one batch size per width cannot separate a fixed per-call cost from that bandwidth, so
@@ -280,7 +283,7 @@ def all_reduce(link: Link, nbytes: float, devices: int) -> Cost:
 
 # --- expert parallelism's all-to-all ----------------------------------------------------
 
-DEEPEP_KERNELS = ("rdma", "nvlink")   # Feb 2025 (every peer over the NIC); June 2025 (PR 173)
+DEEPEP_KERNELS = ("rdma", "nvlink")   # low-latency: Feb 2025 (every peer over the NIC); June 2025 (PR 173)
 SCALE_BYTES, HEADER_BYTES = 4, 16     # DeepEP dispatch message: FP8 codes, a float scale per
                                       # 128 channels, a 16-byte source-index header
 
@@ -289,7 +292,7 @@ SCALE_BYTES, HEADER_BYTES = 4, 16     # DeepEP dispatch message: FP8 codes, a fl
 def deepep_rows(kernel: str | None = None) -> list[dict]:
     """``data/deepep.csv`` (one kernel version's rows, or all)."""
     text = ("kernel", "commit", "date", "source", "where", "notes")
-    rows = [{k: (v if k in text else float(v)) for k, v in row.items()}
+    rows = [{k: (v if k in text else float(v) if v.strip() else math.nan) for k, v in row.items()}
             for row in read_table("deepep.csv")]
     return [r for r in rows if kernel in (None, r["kernel"])]
 
@@ -373,3 +376,71 @@ class ExpertAllToAll:
         moved = tokens * self.nic_bytes_per_token(phase)
         bound = "line rate + fixed latency" if self.fixed_latency else "achieved NIC bandwidth"
         return Cost(self.latency_s(phase), moved / rate, f"DeepEP {phase}, {bound}", moved)
+
+
+# --- DeepEP's normal (high-throughput) kernels: training and prefill -----------------------
+
+def distinct_destinations(destinations: int, picks: int) -> float:
+    """Expected distinct destinations among ``picks`` independent uniform picks of ``destinations``."""
+    return destinations * (1 - (1 - 1 / destinations) ** picks)
+
+
+@dataclass(frozen=True)
+class PrefillAllToAll:
+    """Dispatch and combine by DeepEP's normal kernels, the ones for training and prefill: large
+    batches (its table: 4,096 tokens a GPU), no per-call figure published. Within a node (EP up
+    to ``gpus_per_node``) a token's row goes once to each GPU among its experts' over NVLink; across
+    nodes once to each node it routes to (DeepSeek-V3's node-limited routing: at most
+    ``max_nodes``), through the NIC, and NVLink forwards it there. The bytes are DeepEP's logical
+    count (its tests: an FP8 row of hidden x (1 + 4/128) bytes at the dispatch, a BF16 row at the
+    combine, per destination), moved at the bottleneck bandwidth DeepEP published at the nearest
+    EP widths (interpolated)."""
+
+    ep: int
+    experts_per_token: int
+    hidden: int
+    gpus_per_node: int = 8
+    max_nodes: int = 4
+    layers: int = 1
+
+    def row_bytes(self, phase: str) -> float:
+        if phase == "dispatch":
+            return self.hidden * (1 + SCALE_BYTES / 128)
+        if phase == "combine":
+            return 2 * self.hidden
+        raise ValueError(f"phase must be 'dispatch' or 'combine', got {phase!r}")
+
+    @property
+    def intranode(self) -> bool:
+        return self.ep <= self.gpus_per_node
+
+    def destinations_per_token(self) -> float:
+        """GPUs (within a node) or nodes (across nodes) one token's rows go to, on average."""
+        if self.intranode:
+            return distinct_destinations(self.ep, self.experts_per_token)
+        nodes = min(math.ceil(self.ep / self.gpus_per_node), self.max_nodes)
+        return distinct_destinations(nodes, self.experts_per_token)
+
+    def bytes_per_token(self, phase: str) -> float:
+        """Logical bytes of one token in one layer's ``phase`` (NVLink within a node, RDMA across)."""
+        return self.destinations_per_token() * self.row_bytes(phase)
+
+    def bandwidth(self, phase: str) -> float:
+        """DeepEP's published bottleneck bandwidth at this width (bytes/s): NVLink at EP 8, RDMA
+        across nodes, interpolated between the published widths."""
+        rows = sorted(deepep_rows("normal"), key=lambda r: r["ep"])
+        if self.intranode:
+            return rows[0][f"{phase}_gbs"] * 1e9
+        across = [r for r in rows if r["ep"] > self.gpus_per_node]
+        eps = [r["ep"] for r in across]
+        if not eps[0] <= self.ep <= eps[-1]:
+            raise ValueError(f"DeepEP publishes its normal kernels at EP {eps[0]:.0f} to "
+                             f"{eps[-1]:.0f} across nodes, not {self.ep}")
+        return float(np.interp(self.ep, eps, [r[f"{phase}_gbs"] * 1e9 for r in across]))
+
+    def cost(self, phase: str, tokens: float) -> Cost:
+        """One layer's ``phase`` for ``tokens`` tokens on this GPU: bytes at the bandwidth, no
+        fixed cost (none is published; at thousands of tokens a call it is small)."""
+        moved = tokens * self.bytes_per_token(phase)
+        domain = "NVLink" if self.intranode else "RDMA"
+        return Cost(0.0, moved / self.bandwidth(phase), f"DeepEP normal {phase}, {domain}", moved)

@@ -95,9 +95,11 @@ def decode_attention_intensity(shape: MLAShape, dtype="bfloat16") -> float:
 def attention_cost(shape: MLAShape, dtype="bfloat16"):
     """MLA's attention for the step-time model (``inferlab.analysis.step_time.Attention``):
     the latent cache's bytes per token, and per (query, key) pair and layer H x (2 (r + R) + 2 r)
-    FLOPs with the up-projections absorbed (``decode_attention_intensity``)."""
+    FLOPs with the up-projections absorbed (``decode_attention_intensity``). The cache is one
+    latent per token and layer, shared by every head: tensor parallelism splits the heads'
+    FLOPs but not the latent (``kv_heads=1``), so every device of the group reads all of it."""
     from inferlab.analysis.step_time import Attention
 
     r, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
     return Attention(kv_bytes_per_token(shape, dtype),
-                     shape.n_layers * shape.n_heads * (2 * (r + rope) + 2 * r))
+                     shape.n_layers * shape.n_heads * (2 * (r + rope) + 2 * r), kv_heads=1)

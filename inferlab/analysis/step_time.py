@@ -18,7 +18,9 @@ layers' arithmetic). Four kernel classes:
   where a token is sampled): 2 V d FLOPs per row, its V x d weights read once. The input
   embedding is a lookup of one row per token and is not priced.
 - ``collective``: split over N devices by tensor parallelism, every kernel does 1/N of the
-  work, and each layer ends its attention and its MLP with an all-reduce of the step's
+  work (except that the KV cache splits only over its KV heads, ``Attention.kv_split``: beyond
+  them each device reads whole copies, and MLA's single latent is read in full by every
+  device), and each layer ends its attention and its MLP with an all-reduce of the step's
   activations; the vocab-parallel input embedding adds one all-reduce and the vocab-split LM
   head one gather of the logits (vLLM's ``VocabParallelEmbedding`` and ``LogitsProcessor``):
   Llama-3-70B at N = 8 makes 161 all-reduces and a gather a step. Each call costs a latency plus
@@ -120,13 +122,20 @@ class Attention:
     flops_per_pair: float      # FLOPs per (query, key) pair, all layers
     window: int | None = None  # keys each query sees at most (sliding window)
     compute: str | None = None  # the format its arithmetic runs in; None: the model's
+    kv_heads: int | None = None  # cached heads tensor parallelism can split; None: any split
+
+    def kv_split(self, devices: int) -> int:
+        """Over how many devices the cache is split: the devices, up to the cached heads. A
+        head cannot be split, so beyond them every device holds (and reads) whole copies:
+        MLA's one latent is read in full by every device of a tensor-parallel group."""
+        return devices if self.kv_heads is None else max(1, min(devices, self.kv_heads))
 
     @classmethod
     def of(cls, config, prec: Precision) -> "Attention":
         """Grouped-query (MHA, GQA, MQA) attention of a Llama-shaped ``config``."""
         return cls(formulas.kv_bytes_per_token(config, prec.bytes_per_kv),
                    4 * config.n_layers * config.n_heads * config.head_dim,
-                   getattr(config, "sliding_window", None))
+                   getattr(config, "sliding_window", None), kv_heads=config.n_kv_heads)
 
 
 @dataclass(frozen=True)
@@ -284,8 +293,9 @@ class StepModel:
             linear_bytes = self.linear_params * wb
         out = [
             self._roof("linear", 2 * self.linear_params * shape.tokens, linear_bytes),
-            self._roof("attention", a.flops_per_pair * shape.pairs,
-                       (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token,
+            self._roof("attention", a.flops_per_pair * shape.pairs,   # heads split; the cache
+                       (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token   # only over
+                       * self.devices / a.kv_split(self.devices),        # its KV heads
                        self.attention_peak_flops),
             self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
         ]
