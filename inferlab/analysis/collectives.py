@@ -24,7 +24,7 @@ moves through one rank's link, so a step's traffic can be counted.
   the link's measured nccl-tests figure where one is published (``data/links.csv``), else its
   line rate. A network link says how many of the group's GPUs share a server (joined by NVLink).
 - **vLLM's NVLink all-reduce** (custom one-shot kernel below its cap, torch symmetric-memory
-  multimem above, NCCL beyond 64 MiB; caps at the engine-fact commit): one line, latency + S /
+  multimem above, NCCL beyond 64 MiB; caps at vLLM commit b250ac3): one line, latency + S /
   bandwidth, fitted to vLLM's own CUDA-graph timings on H100 (6 and 8 GPUs,
   ``data/allreduce_timings.csv``), used for every group of 2 to 8 GPUs on that link.
 
@@ -52,8 +52,8 @@ from inferlab.data import read_table
 LINK_CLASSES = ("nvlink", "pcie", "network")
 PROTOCOLS = ("LL", "LL128", "Simple")
 MiB = 2**20
-# vLLM at the engine-fact commit, Hopper: the custom kernel's cap (with torch symmetric memory
-# on, the default) and the symmetric-memory cap; NCCL above (all_reduce_utils.py)
+# vLLM on Hopper at commit b250ac3 (engine fact vllm-allreduce-caps-hopper, all_reduce_utils.py):
+# the custom kernel's cap (torch symmetric memory on, the default) and symmetric memory's; NCCL above
 CUSTOM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4}
 SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB}
 ONE_STAGE_MAX_BYTES = {2: math.inf, 4: MiB // 2, 6: MiB // 4, 8: MiB // 4}  # custom_all_reduce.cuh
