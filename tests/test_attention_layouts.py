@@ -35,6 +35,12 @@ def test_a_linear_hybrid_keeps_a_fixed_state_and_grows_only_in_its_attention_lay
     state = L.stored_bytes(0)
     assert state == L.linear_layers * L.state_elements() * 2 > 0
     assert L.stored_bytes(0, state_bytes=4) == 2 * state            # float32 state
+    # a float32 recurrent matrix beside a 16-bit convolution state (vLLM's mamba_ssm_cache_dtype
+    # types the first alone): less than double, the convolution's share staying at 2 bytes
+    mixed = L.state_bytes(ssm_bytes=4, conv_bytes=2)
+    assert mixed == state + L.linear_layers * L.recurrent_elements() * 2
+    assert L.recurrent_elements() + L.conv_elements() == L.state_elements()
+    assert 1.9 < mixed / state < 2
     growth = L.stored_bytes(10_001) - L.stored_bytes(1)
     assert growth == 10_000 * 2 * L.full_layers * L.n_kv_heads * L.head_dim * 2
 

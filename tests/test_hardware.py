@@ -74,6 +74,7 @@ MIB = 2**20
 
 @pytest.mark.parametrize("name, total_mib, reserved_mib", [
     ("H100 SXM", 81559, 454), ("H200 SXM", 143771, 700), ("A100 80GB SXM", 81920, 763),
+    ("A100 40GB SXM", 40960, 620),
     ("L4", 23034, 556), ("L40S", 46068, 479), ("GH200", 97871, 1103)])
 def test_usable_memory_is_what_the_driver_reports_less_its_reserve(name, total_mib,
                                                                     reserved_mib):

@@ -179,14 +179,14 @@ def test_opt13b_paged_attention_table1_example():
 
 def test_capacity_from_the_tables():
     result = capacity("llama-2-13b", "A100 40GB SXM", 2048, memory_utilization=1.0)
-    # the memory nvidia-smi reports for an A100 40GB (40,960 MiB; its driver's reserve is not in
-    # the table), not the datasheet's 40 read as decimal GB: the budget is about 14.9 GB, not
-    # the 12 GB that a decimal reading (the vLLM paper's Figure 1 split) leaves
-    assert result.device_memory == 40960 * 2**20
+    # what nvidia-smi -a reports for an A100-SXM4-40GB (40,960 MiB, of which the driver keeps
+    # 620 MiB), not the datasheet's 40 read as decimal GB: the whole device leaves about 14.3 GB
+    # for the cache, not the 12 GB that the vLLM paper's Figure 1 split gives
+    assert result.device_memory == (40960 - 620) * 2**20
     assert result.activation_reserve == DEFAULT_ACTIVATION_RESERVE
     assert result.weights == formulas.weight_bytes(ModelConfig.from_name("llama-2-13b"))
     assert result.kv_budget == result.device_memory - result.weights - DEFAULT_ACTIVATION_RESERVE
-    assert abs(result.kv_budget - 14.92e9) < 0.01e9
+    assert abs(result.kv_budget - 14.27e9) < 0.01e9
     assert result.token_slots == int(result.kv_budget // (800 * KIB))
     assert result.max_requests == result.token_slots // 2048
     assert "token slots" in str(result)
@@ -198,8 +198,9 @@ def test_capacity_from_the_tables():
 
 def test_capacity_sizes_the_cache_from_the_engines_share_of_memory():
     """vLLM takes gpu_memory_utilization x the device's memory (0.92 by default) and gives the
-    cache what is left of that share after the weights and the activation peak: the untouched
-    8% comes off the cache, not the weights, so the cache shrinks by more than 8%."""
+    cache what is left of that share after the weights and the activation peak: the headroom
+    outside the share comes off the cache, not the weights, so each point of the share is worth
+    more than a point of the cache."""
     from inferlab.analysis.capacity import VLLM_GPU_MEMORY_UTILIZATION
     assert VLLM_GPU_MEMORY_UTILIZATION == 0.92
     full = capacity("llama-3-8b", "H100 SXM", 8192, memory_utilization=1.0)
@@ -211,6 +212,35 @@ def test_capacity_sizes_the_cache_from_the_engines_share_of_memory():
     assert "92% of" in str(engine)
     with pytest.raises(ValueError, match="memory_utilization"):
         capacity("llama-3-8b", "H100 SXM", 8192, memory_utilization=1.5)
+
+
+def test_tensor_parallel_splits_kv_heads_then_replicates_them():
+    """With tp GPUs each holds 1/tp of the weights and K/tp KV heads of every token while
+    tp <= K; beyond, one head per GPU, replicated (vLLM's QKVParallelLinear), so the cache per
+    GPU stops shrinking and capacity grows only by the weights freed."""
+    from inferlab.analysis.capacity import kv_heads_per_rank
+    assert [kv_heads_per_rank(8, tp) for tp in (1, 2, 4, 8, 16)] == [8, 4, 2, 1, 1]
+    with pytest.raises(ValueError):
+        kv_heads_per_rank(8, 3)
+    with pytest.raises(ValueError):
+        kv_heads_per_rank(8, 12)
+    one = capacity("llama-3-70b", "H100 SXM", 8192)
+    tp4, tp8, tp16 = (capacity("llama-3-70b", "H100 SXM", 8192, tensor_parallel=tp)
+                      for tp in (4, 8, 16))
+    assert one.max_requests == 0 < tp4.max_requests < tp8.max_requests < tp16.max_requests
+    assert tp4.weights == pytest.approx(one.weights / 4)
+    assert tp4.kv_bytes_per_token == 2 * tp8.kv_bytes_per_token
+    assert tp8.kv_bytes_per_token == tp16.kv_bytes_per_token == one.kv_bytes_per_token // 8
+    # past K the 16 GPUs gain only what the halved weights free: well short of double
+    assert tp16.max_requests < 1.5 * tp8.max_requests
+    assert "TP 8, per GPU" in str(tp8)
+
+
+def test_published_models_leave_out_the_course_shapes():
+    from inferlab.analysis.capacity import published_models
+    names = published_models()
+    assert "llama-2-7b" in names and "qwen2.5-0.5b" in names
+    assert not {"tiny", "small", "medium", "course-target", "course-draft"} & set(names)
 
 
 def test_capacity_scales_with_kv_heads_and_context():

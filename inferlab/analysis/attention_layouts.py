@@ -18,8 +18,10 @@ attends to every earlier token and keeps all of them. Recent models mix layer ki
 
 ``stored_bytes`` is what one sequence of ``tokens`` tokens holds, ``read_bytes`` what one decode
 step's attention reads, ``sequences_that_fit`` the capacity of a memory budget. Byte widths are
-arguments: a cache in bfloat16 (2), FP8 (1); a recurrent state that an engine keeps in float32
-(4) is ``state_bytes``.
+arguments: a cache in bfloat16 (2), FP8 (1); a linear layer's state whose width differs is
+``state_bytes`` (stored_bytes's argument, for the whole state), and ``AttentionLayout.state_bytes``
+types the recurrent matrix and the convolution state apart, as engines do (vLLM's
+``mamba_ssm_cache_dtype`` covers the recurrent matrix alone).
 
 Engines do not store DeepSeek-V3.2's latent cache in bfloat16. FlashMLA's sparse decoding kernel
 reads an "FP8 with scale" record of 656 bytes per token and layer: the latent's 512 non-positional
@@ -86,15 +88,32 @@ class AttentionLayout:
             return self.latent_dim + self.index_dim
         return 2 * self.n_kv_heads * self.head_dim  # K and V
 
-    def state_elements(self) -> int:
-        """Numbers of one linear layer's fixed state per sequence: the (heads x d_k x d_v)
-        recurrent matrix plus the convolution's last (kernel - 1) inputs of q, k and v."""
+    def recurrent_elements(self) -> int:
+        """Numbers of one linear layer's recurrent state: a (value heads x d_k x d_v) matrix."""
+        return self.linear_v_heads * self.linear_k_dim * self.linear_v_dim if self.linear_layers else 0
+
+    def conv_elements(self) -> int:
+        """Numbers of one linear layer's convolution state: the last (kernel - 1) inputs of q, k
+        and v."""
         if not self.linear_layers:
             return 0
-        recurrent = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim
         conv_width = 2 * self.linear_k_heads * self.linear_k_dim \
             + self.linear_v_heads * self.linear_v_dim
-        return recurrent + conv_width * (self.linear_conv_kernel - 1)
+        return conv_width * (self.linear_conv_kernel - 1)
+
+    def state_elements(self) -> int:
+        """Numbers of one linear layer's fixed state per sequence: the recurrent matrix plus the
+        convolution's last inputs."""
+        return self.recurrent_elements() + self.conv_elements()
+
+    def state_bytes(self, ssm_bytes: float = 2, conv_bytes: float | None = None) -> float:
+        """Bytes of every linear layer's state for one sequence, the recurrent matrix in
+        ``ssm_bytes`` per number and the convolution state in ``conv_bytes`` (default: the same).
+        Engines type them apart: vLLM's ``mamba_ssm_cache_dtype`` sets the recurrent state's
+        dtype only, the convolution state follows ``mamba_cache_dtype``."""
+        conv_bytes = ssm_bytes if conv_bytes is None else conv_bytes
+        return self.linear_layers * (self.recurrent_elements() * ssm_bytes
+                                     + self.conv_elements() * conv_bytes)
 
     def fp8_token_bytes(self, scale_block: int = 128, scale_bytes: int = 4) -> float:
         """Bytes one token adds to one latent layer in the engines' FP8 format: the latent's
@@ -120,7 +139,7 @@ class AttentionLayout:
         per_token = self.token_elements() * bytes_per_element
         return (self.full_layers * tokens * per_token
                 + self.window_layers * min(tokens, self.window) * per_token
-                + self.linear_layers * self.state_elements() * state_bytes)
+                + self.state_bytes(state_bytes))
 
     def growth_bytes_per_token(self, bytes_per_element: float = 2) -> float:
         """What one more token adds once the context is past every window."""

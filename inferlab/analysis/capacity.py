@@ -3,12 +3,20 @@
     requests = (utilization x device memory - weights - activation reserve)
                / (KV bytes per token x context)
 
-The utilization is the share of the device an engine lets itself use. vLLM's
-``gpu_memory_utilization`` (default 0.92, ``VLLM_GPU_MEMORY_UTILIZATION``) is exactly that: its
-worker takes that fraction of the total memory the driver reports, profiles a forward pass, and
-gives the KV cache what is left of the fraction after the weights and the pass's peak activations
-and other allocations (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``). The
-remaining 8% stays untouched, and the activation reserve sits inside the 92%, not beside it.
+The utilization is the share of the device an engine sizes itself from. vLLM's
+``gpu_memory_utilization`` (default 0.92) is exactly that: its worker measures the device's total
+memory once CUDA and the distributed backend are up, takes that fraction of it, profiles a forward
+pass, and gives the KV cache what is left of the fraction after the weights, the pass's peak
+activations and the memory allocated outside PyTorch (``vllm/v1/worker/gpu_worker.py``,
+``init_device`` and ``determine_available_memory``). The rest of the device is headroom for what
+that profile does not count: the CUDA graphs captured afterwards (until vLLM 0.21, which estimates
+them during profiling and takes them out of the share too), the sampler's warm-up buffers, the
+allocator's fragmentation. It cannot all be handed to the cache: a utilization of 1.0 leaves
+nothing for them. The activation reserve sits inside the share, not beside it.
+
+Under tensor parallelism (``tensor_parallel``) every GPU holds a slice of the weights and, of
+each token's cache, its share of the KV heads: K / tp heads while there are at least as many
+heads as ranks, and one replicated head per rank beyond (vLLM's ``QKVParallelLinear``).
 
 The formulas live in ``inferlab.analysis.formulas`` (``kv_memory_budget``, ``kv_token_slots``,
 ``max_concurrent_requests``); this module puts a model from ``data/models.csv`` and a device
@@ -28,8 +36,9 @@ from dataclasses import dataclass
 from inferlab.analysis import formulas
 from inferlab.analysis.figures import legend_outside
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.model.config import ModelConfig, model_presets
+from inferlab.model.config import ModelConfig
 from inferlab.analysis.widgets import redrawing, widget_or_figure
+from inferlab.data import read_table
 from inferlab.serving.config import BLOCK_SIZE
 
 # Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
@@ -58,13 +67,15 @@ class Capacity:
     kv_bytes_per_token: int
     token_slots: int
     max_requests: int           # each reserving its whole context
+    tensor_parallel: int = 1    # GPUs sharing the model; the byte fields are per GPU
 
     def __str__(self) -> str:
         if self.kv_budget <= 0:
             return (f"{self.model} on {self.device}: the weights ({self.weights / 1e9:.1f} GB) "
                     f"and reserve leave no room for a KV cache in {self.usable_memory / 1e9:.1f} GB "
                     f"({self.memory_utilization:.0%} of {self.device_memory / 1e9:.1f} GB)")
-        return (f"{self.model} on {self.device} ({self.kv_dtype} cache, "
+        tp = f", TP {self.tensor_parallel}, per GPU" if self.tensor_parallel > 1 else ""
+        return (f"{self.model} on {self.device} ({self.kv_dtype} cache{tp}, "
                 f"{self.memory_utilization:.0%} of {self.device_memory / 1e9:.1f} GB): "
                 f"{self.weights / 1e9:.1f} GB weights, {self.kv_budget / 1e9:.1f} GB for the cache "
                 f"at {self.kv_bytes_per_token / 2**10:,.0f} KiB/token = {self.token_slots:,} token "
@@ -88,6 +99,12 @@ def _spec(device: DeviceSpec | str) -> DeviceSpec:
     return spec
 
 
+def published_models() -> list[str]:
+    """Models of ``data/models.csv`` with a published configuration (a Hugging Face name): the
+    real models, without the course's own toy and trained shapes."""
+    return [row["name"].lower() for row in read_table("models.csv") if row["hf_name"].strip()]
+
+
 def gpu_names() -> list[str]:
     """Rows of the hardware table that have a memory size (the GPUs)."""
     return [name for name, spec in load_hardware().items() if spec.memory]
@@ -100,22 +117,44 @@ def dtype_label(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def kv_heads_per_rank(n_kv_heads: int, tensor_parallel: int) -> int:
+    """KV heads each of ``tensor_parallel`` GPUs caches: its share of the heads while there are
+    at least as many heads as GPUs, and one head, replicated, beyond (vLLM's
+    ``QKVParallelLinear``: ``num_kv_head_replicas = tp_size // num_kv_heads``)."""
+    if tensor_parallel < 1:
+        raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel!r}")
+    if tensor_parallel <= n_kv_heads:
+        if n_kv_heads % tensor_parallel:
+            raise ValueError(f"{n_kv_heads} KV heads do not split over {tensor_parallel} GPUs")
+        return n_kv_heads // tensor_parallel
+    if tensor_parallel % n_kv_heads:
+        raise ValueError(f"{tensor_parallel} GPUs cannot replicate {n_kv_heads} KV heads evenly")
+    return 1
+
+
 def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
              kv_dtype="bfloat16", weight_dtype="bfloat16",
              activation_reserve: float = DEFAULT_ACTIVATION_RESERVE,
              weights: float | None = None,
-             memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Capacity:
+             memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+             tensor_parallel: int = 1) -> Capacity:
     """How many ``context``-token requests of ``model`` fit on ``device`` (a hardware-table row).
 
     ``kv_dtype`` is the cache's number format: a dtype name (``"bfloat16"``, or a one-byte
     storage format such as ``"float8_e4m3fn"`` or ``"int8"``) or bytes per number. The engine
     sizes itself from ``memory_utilization`` x the device's memory (vLLM's default 0.92); the
-    weights and the ``activation_reserve`` come out of that share, the rest holds the cache."""
+    weights and the ``activation_reserve`` come out of that share, the rest holds the cache.
+    With ``tensor_parallel`` GPUs, each holds 1/tp of the weights (``weights``, when given, is
+    the whole model's) and ``kv_heads_per_rank`` heads of every token's cache; the counts are
+    per GPU, and the requests are those the group serves at once."""
     if not 0 < memory_utilization <= 1:
         raise ValueError(f"memory_utilization is a share of the device's memory in (0, 1], "
                          f"got {memory_utilization!r}")
     config, spec = _config(model), _spec(device)
     w = formulas.weight_bytes(config, weight_dtype) if weights is None else weights
+    w /= tensor_parallel
+    per_rank = config.with_kv_heads(kv_heads_per_rank(config.n_kv_heads, tensor_parallel)) \
+        if tensor_parallel > 1 else config
     usable = memory_utilization * spec.memory
     budget = formulas.kv_memory_budget(config, usable, weight_dtype, activation_reserve, w)
     return Capacity(
@@ -123,10 +162,11 @@ def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
         kv_dtype=dtype_label(kv_dtype),
         device_memory=spec.memory, memory_utilization=memory_utilization, weights=w,
         activation_reserve=activation_reserve,
-        kv_budget=budget, kv_bytes_per_token=formulas.kv_bytes_per_token(config, kv_dtype),
-        token_slots=formulas.kv_token_slots(config, max(budget, 0.0), kv_dtype),
-        max_requests=formulas.max_concurrent_requests(config, usable, context, kv_dtype,
+        kv_budget=budget, kv_bytes_per_token=formulas.kv_bytes_per_token(per_rank, kv_dtype),
+        token_slots=formulas.kv_token_slots(per_rank, max(budget, 0.0), kv_dtype),
+        max_requests=formulas.max_concurrent_requests(per_rank, usable, context, kv_dtype,
                                                       activation_reserve, weight_dtype, w),
+        tensor_parallel=tensor_parallel,
     )
 
 
@@ -199,7 +239,7 @@ def capacity_widget():
     """
     import ipywidgets as widgets
 
-    names = [n for n in model_presets() if n not in ("tiny", "small", "medium")]
+    names = published_models()
     controls = {
         "model": widgets.Dropdown(options=names, value="llama-2-13b", description="model"),
         "device": widgets.Dropdown(options=gpu_names(), value="A100 40GB SXM",
