@@ -106,6 +106,34 @@ def test_mx_scale_saturates_values_above_six_times_x():
     assert int(codes) == 127 and float(deq[0, 0]) == 6.0
 
 
+def test_mx_floor_scale_uses_two_thirds_of_the_grid_and_rceil_never_clips():
+    """FLOOR (the spec) puts each block's max at [4, 8) X: at least 4 of E2M1's 6, above 6 it
+    clips. RCEIL puts it at (3, 6] X: nothing clips, but a block may use just over half."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 256, generator=g) * torch.logspace(-2, 2, 64)[:, None]
+    blocks = w.reshape(64, 8, 32)
+    for mode, lo, hi in (("floor", 4.0, 8.0), ("rceil", 3.0, 6.0)):
+        deq, codes, _ = F.mxfp4_quantize(w, scale_mode=mode)
+        ratio = blocks.abs().amax(-1) / torch.exp2(codes.float() - 127)
+        assert (ratio >= lo).all() and (ratio <= hi).all(), mode
+        assert ((ratio > lo) & (ratio < hi)).any(), mode
+    deq, _, _ = F.mxfp4_quantize(w, scale_mode="rceil")
+    top = blocks.abs().amax(-1)
+    assert torch.allclose(deq.reshape(64, 8, 32).abs().amax(-1), top, rtol=0.25)  # no clamp
+    with pytest.raises(ValueError):
+        F.mxfp4_quantize(w, scale_mode="round")
+
+
+def test_mxfp4_clipping_counts_blocks_elements_and_their_error():
+    w = torch.zeros(2, 64)
+    w[0, :32] = torch.tensor(F.E2M1_VALUES * 4)  # representable: exact, nothing clipped
+    w[1, 0] = 7.0                                # X = 1: 7 clips to 6, the only error
+    w[1, 32:40] = 1.0                            # exact
+    c = F.mxfp4_clipping(w)
+    assert c.blocks == 1 / 4 and c.elements == 1 / 128 and c.error_share == 1.0
+    assert F.mxfp4_clipping(w * 0.0).error_share == 0.0
+
+
 def test_nvfp4_two_level_scales_and_storage():
     g = torch.Generator().manual_seed(2)
     w = torch.randn(32, 3200, generator=g)

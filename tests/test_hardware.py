@@ -34,7 +34,8 @@ def test_table_matches_facts(name, bandwidth_gbs, tflops):
 
 def test_int8_peaks_are_the_dense_datasheet_figures():
     """INT8 tensor cores (data/hardware_int8.csv): Ampere's only 8-bit arithmetic, 624 dense TOPS
-    on an A100 (as many OPs as its FP16 FLOPs, twice); Hopper's INT8 rate equals its FP8 rate.
+    on an A100 (twice its FP16 FLOPs); Hopper's, Ada's and Blackwell's INT8 rate equals their FP8
+    rate.
     A row without a sourced figure has no INT8 peak, rather than a guess."""
     for name in ("A100 40GB SXM", "A100 80GB SXM"):
         spec = get_device_spec(name)
@@ -43,7 +44,14 @@ def test_int8_peaks_are_the_dense_datasheet_figures():
     for name in ("H100 SXM", "H200 SXM"):
         spec = get_device_spec(name)
         assert spec.peak_flops("int8") == pytest.approx(1979e12) == spec.peak_flops("fp8")
-    assert get_device_spec("L4").peak_flops("int8") is None
+    # Turing (T4), Ada (L4) and Blackwell (B200) have INT8 tensor cores too: on Ada and
+    # Blackwell at the FP8 rate, on Turing at twice its FP16 rate
+    assert get_device_spec("T4").peak_flops("int8") == pytest.approx(130e12)
+    assert get_device_spec("T4").peak_flops("int8") == 2 * get_device_spec("T4").peak_flops("float16")
+    for name in ("L4", "B200"):
+        spec = get_device_spec(name)
+        assert spec.peak_flops("int8") == pytest.approx(spec.peak_flops("fp8"))
+    assert get_device_spec("L40S").peak_flops("int8") is None  # no sourced figure: no guess
 
 
 @pytest.mark.parametrize("torch_name, row", [

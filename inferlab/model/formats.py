@@ -16,7 +16,13 @@ and Blackwell GPUs compute in are small *floats* with scales:
   scale is X = 2^(floor(log2(max |v|)) - emax), emax = 2 for E2M1 (its largest value, 6, is
   1.5 x 2^2); elements v / X are rounded to E2M1, those beyond 6 clamped to 6. A block holding a
   NaN or an infinity gets the NaN scale and decodes as NaN (the spec's rule as torchao's
-  ``mx_tensor.py`` implements it, "section 6.3", FLOOR mode).
+  ``mx_tensor.py`` implements it, "section 6.3", FLOOR mode). Rounding the exponent down puts
+  each block's largest magnitude at [4, 8) times X, so the block always uses at least two thirds
+  of the grid, but values in (6, 8) X clip to 6 X. torchao 0.18.0's ``ScaleCalculationMode``
+  (``prototype/mx_formats/config.py``) also offers RCEIL, X = 2^ceil(log2(max |v| / 6)) (the
+  cuBLAS rule): nothing clips, and the largest magnitude lands in (3, 6] X, as little as half
+  the grid. ``mxfp4_quantize(w, scale_mode="rceil")`` computes it; ``mxfp4_clipping`` counts
+  what the spec's rule clips.
 - **NVFP4** (NVIDIA, Blackwell): blocks of 16 E2M1 elements, each block with an FP8 E4M3 scale,
   and one FP32 scale per tensor that places the block scales in E4M3's range: tensor scale
   amax / (6 x 448), block scale (block amax / 6) / tensor scale rounded to E4M3 (torchao's
@@ -128,11 +134,21 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.isnan(), x.float(), out)
 
 
-def e8m0_scale(amax: torch.Tensor) -> torch.Tensor:
+SCALE_MODES = ("floor", "rceil")
+
+
+def e8m0_scale(amax: torch.Tensor, scale_mode: str = "floor") -> torch.Tensor:
     """The MX spec's shared-scale code: 127 + floor(log2 amax) - emax(E2M1), clamped to the
-    E8M0 range [0, 254]; 255 (NaN) where amax is not finite. An all-zero block gets 0 (2^-127)."""
+    E8M0 range [0, 254]; 255 (NaN) where amax is not finite. An all-zero block gets 0 (2^-127).
+    ``scale_mode="rceil"`` rounds the exponent up instead, 127 + ceil(log2(amax / 6)), so that
+    no element exceeds 6 after scaling (torchao's RCEIL)."""
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    e = torch.floor(torch.log2(safe)) - E2M1_EMAX
+    if scale_mode == "floor":
+        e = torch.floor(torch.log2(safe)) - E2M1_EMAX
+    else:
+        e = torch.ceil(torch.log2(safe / E2M1_MAX))
     code = torch.where(amax > 0, e + E8M0_BIAS, torch.zeros_like(e)).clamp(0, 254)
     return torch.where(torch.isfinite(amax), code, torch.full_like(code, E8M0_NAN)).to(torch.uint8)
 
@@ -142,16 +158,43 @@ def e8m0_value(code: torch.Tensor) -> torch.Tensor:
     return torch.where(code == E8M0_NAN, torch.full_like(c, float("nan")), torch.exp2(c - 127))
 
 
-def mxfp4_quantize(w: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor, Stored]:
-    """MXFP4 along each row: (dequantized w, scale codes (N, K/block) as uint8, storage)."""
+def mxfp4_quantize(w: torch.Tensor, block: int = 32,
+                   scale_mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor, Stored]:
+    """MXFP4 along each row: (dequantized w, scale codes (N, K/block) as uint8, storage).
+    ``scale_mode``: "floor" is the OCP spec's rule, "rceil" the one that never clips."""
     b, shape = _blocks(w, 1, block)
     amax = b.abs().amax(dim=-1, keepdim=True)
     amax = torch.where(b.isnan().any(-1, keepdim=True), torch.full_like(amax, float("nan")), amax)
-    code = e8m0_scale(amax)                                            # (N, K/32, 1, 1)
+    code = e8m0_scale(amax, scale_mode)                                # (N, K/32, 1, 1)
     X = e8m0_value(code)
     deq = round_e2m1(b / X) * X
     stored = Stored(w.numel(), 4, code.numel(), 8)
     return _unblock(deq, shape).to(w.dtype), code.reshape(code.shape[:2]), stored
+
+
+@dataclass(frozen=True)
+class Clipping:
+    """What the spec's MXFP4 scale clips in a matrix: the share of blocks whose largest
+    magnitude exceeds 6 X, the share of elements beyond 6 X, and those elements' share of the
+    round trip's squared error."""
+
+    blocks: float
+    elements: float
+    error_share: float
+
+
+def mxfp4_clipping(w: torch.Tensor, block: int = 32) -> Clipping:
+    """Count what ``mxfp4_quantize(w, block)`` (the spec's FLOOR rule) clips to 6 X."""
+    deq, code, _ = mxfp4_quantize(w, block)
+    b, _ = _blocks(w, 1, block)                                        # (N, K/32, 1, 32)
+    X = e8m0_value(code).reshape(*code.shape, 1, 1)
+    clipped = (b / X).abs() > E2M1_MAX
+    real = _blocks(torch.ones_like(w), 1, block)[0] > 0                # padding is not a weight
+    err = (_blocks(deq, 1, block)[0] - b).pow(2)
+    total = float(err.sum())
+    return Clipping(blocks=float(clipped.any(-1).float().mean()),
+                    elements=float(clipped[real].float().mean()),
+                    error_share=float(err[clipped].sum()) / total if total > 0 else 0.0)
 
 
 def nvfp4_quantize(w: torch.Tensor, block: int = 16) -> tuple[torch.Tensor, torch.Tensor, Stored]:
