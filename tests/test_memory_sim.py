@@ -105,3 +105,42 @@ def test_prefix_experiment_saves_the_shared_prompt():
     # make no full block of their own; the first request finds nothing.
     assert out["hit_rate"] == pytest.approx(19 * 4 / (20 * 4))
     assert out["prefill_saved"] == pytest.approx(19 * 64 / (20 * 80))
+
+
+def test_paged_run_counts_every_recomputed_token(monkeypatch):
+    # Every prompt is computed once; each preemption adds, on readmission, the tokens the
+    # sequence held when it was preempted (prompt and output so far), and nothing else.
+    from inferlab.serving.scheduler import Scheduler
+
+    held_at_preemption = []
+    original = Scheduler.preempt
+
+    def counting(self, seq):
+        held_at_preemption.append(seq.num_tokens)
+        original(self, seq)
+
+    monkeypatch.setattr(Scheduler, "preempt", counting)
+    rows = traces.sharegpt_like(150)
+    r = memory_sim.simulate_memory(rows, "paged", capacity=4096)
+    assert r.preemptions == len(held_at_preemption) > 0
+    assert r.prompt_tokens == sum(x.prompt_len for x in rows)
+    assert r.recomputed_tokens == sum(held_at_preemption)
+    for p in ("max_length", "exact"):  # reserved up front: no preemption, no recompute
+        c = memory_sim.simulate_memory(rows, p, capacity=4096)
+        assert c.preemptions == 0 and c.prefill_tokens == c.prompt_tokens
+
+
+def test_priced_run_charges_the_recomputes():
+    from inferlab.analysis.step_time import StepModel
+    from inferlab.model.config import ModelConfig
+
+    model = StepModel.for_device(ModelConfig.from_name("llama-2-13b"), "A100 40GB SXM", "fp16")
+    rows = traces.sharegpt_like(150)
+    r = memory_sim.simulate_memory(rows, "paged", capacity=4096, step_model=model)
+    assert r.preemptions > 0 and 0 < r.recompute_s < r.window_s
+    assert r.tokens_per_s == pytest.approx(r.window_tokens / r.window_s)
+    # the same steps, only the prices change: a slower attention kernel costs more time
+    slow = memory_sim.simulate_memory(rows, "paged", capacity=4096,
+                                      step_model=memory_sim.slower_attention(model, 2))
+    assert slow.window_tokens == r.window_tokens and slow.window_s > r.window_s
+    assert memory_sim.simulate_memory(rows, "paged", capacity=4096).tokens_per_s == 0

@@ -181,7 +181,8 @@ def kv_blocks_for_device(config: ModelConfig, spec: DeviceSpec, dtype: str = "bf
 
 
 def paper_pool_slots() -> int:
-    """Token slots in 12 GiB of KV for a 13B model of OPT-13B's shape (Llama-2-13B, fp16):
+    """Token slots in 12 GiB of KV for a 13B model with OPT-13B's KV shape (Llama-2-13B, fp16:
+    40 layers of width 5,120, 800 KiB a token):
     the pool of the PagedAttention paper's memory experiment."""
     config = ModelConfig.from_name("llama-2-13b")
     return PAPER_KV_GIB * 2**30 // formulas.kv_bytes_per_token(config, "float16")

@@ -58,15 +58,34 @@ class MemoryUse:
     mean_running: float         # sequences in the batch
     steps: int
     preemptions: int
+    prompt_tokens: int = 0      # the trace's prompt tokens: what one prefill each would compute
+    prefill_tokens: int = 0     # prompt work the run computed, recomputes included
+    window_tokens: int = 0      # tokens produced over the steps averaged (one a row)
+    window_s: float = 0.0       # their modelled seconds (0 without a step model)
+    recompute_s: float = 0.0    # of which forwards that recomputed a preempted request
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Prompt work done again after preemptions: computed minus the prompts' tokens."""
+        return self.prefill_tokens - self.prompt_tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens produced per modelled second over the steps averaged (prefills, recomputes
+        and decodes all priced); 0 without a step model."""
+        return self.window_tokens / self.window_s if self.window_s else 0.0
 
 
 class MemoryRecorder(Runner):
     """A runner that runs no model: every step it records where the pool's slots are."""
 
-    def __init__(self, scheduler: Scheduler, capacity: int):
-        self.scheduler, self.capacity = scheduler, capacity
+    def __init__(self, scheduler: Scheduler, capacity: int, step_model=None):
+        self.scheduler, self.capacity, self.step_model = scheduler, capacity, step_model
         self.sums = dict(tokens=0.0, reserved=0.0, internal=0.0, free=0.0, running=0.0)
         self.counted = self.steps = 0
+        self.prefill_tokens = self.window_tokens = 0
+        self.window_s = self.recompute_s = 0.0
+        self._prefilled: set[int] = set()
 
     def forward(self, rows) -> list[int]:
         return [1] * len(rows)
@@ -74,9 +93,19 @@ class MemoryRecorder(Runner):
     def record(self, iteration) -> None:
         """Called once per step, after the step's allocations (the loop's ``on_iteration``)."""
         self.steps += 1
+        self.prefill_tokens += sum(r.new for r in iteration.prefill_rows)
+        again = {r.seq_id for r in iteration.prefill_rows if r.seq_id in self._prefilled}
+        self._prefilled.update(r.seq_id for r in iteration.prefill_rows)
         sched = self.scheduler
         if not sched.waiting:  # the trace, not the pool, limits the batch
             return
+        self.window_tokens += len(iteration.rows)  # every row, prefill or decode, makes a token
+        if self.step_model is not None:  # each forward priced as it ran
+            for f in iteration.forwards:
+                seconds = self.step_model.rows_s([(r.new, r.cached) for r in f.rows])
+                self.window_s += seconds
+                if f.rows and all(r.seq_id in again and r.prefill for r in f.rows):
+                    self.recompute_s += seconds  # a forward that only recomputed
         ahead = sched.memory.reserves_ahead
         held = tokens = final = 0
         for seq in sched.running:
@@ -95,7 +124,7 @@ class MemoryRecorder(Runner):
 
 def simulate_memory(rows, reservation: str, capacity: int, max_len: int = 2048,
                     block_size: int = BLOCK_SIZE, slots_fn: Callable[..., int] = slots_held,
-                    watermark: float = PAPER_WATERMARK) -> MemoryUse:
+                    watermark: float = PAPER_WATERMARK, step_model=None) -> MemoryUse:
     """Serve ``rows`` (objects with ``prompt_len``, ``output_len``), all waiting at time 0.
 
     Each step every running request produces one token (a newly admitted one its first, from
@@ -103,6 +132,12 @@ def simulate_memory(rows, reservation: str, capacity: int, max_len: int = 2048,
     first served while they fit. Under paging a request that needs a block when none is free
     preempts the latest-arrived running request, which later recomputes its tokens (Kwon et al.
     2023, Sec. 4.5). ``slots_fn`` (``slots_held``'s signature) sizes the contiguous regions.
+
+    Every prefill token the run computes is counted (``prefill_tokens``; a preempted request's
+    recompute included, so ``recomputed_tokens`` is the work preemption cost). Given a
+    ``step_model`` (``inferlab.analysis.step_time.StepModel``), every forward of the steps
+    averaged is priced as it ran, prefills and recomputes as well as decodes, so
+    ``tokens_per_s`` compares policies on the same terms.
     """
     if reservation not in RESERVATIONS:
         raise ValueError(f"unknown reservation {reservation!r}; choose one of {RESERVATIONS}")
@@ -114,11 +149,13 @@ def simulate_memory(rows, reservation: str, capacity: int, max_len: int = 2048,
     else:
         memory = ContiguousManager(capacity, reservation, max_len, slots_fn)
     sched = Scheduler(config, memory)
-    recorder = MemoryRecorder(sched, capacity)
+    recorder = MemoryRecorder(sched, capacity, step_model)
     StepLoop(sched, recorder, VirtualClock(), recorder.record).run(requests)
     s, n = recorder.sums, max(recorder.counted, 1)
     return MemoryUse(reservation, s["tokens"] / n, s["reserved"] / n, s["internal"] / n,
-                     s["free"] / n, s["running"] / n, recorder.steps, sched.num_preemptions)
+                     s["free"] / n, s["running"] / n, recorder.steps, sched.num_preemptions,
+                     sum(r.prompt_len for r in rows), recorder.prefill_tokens,
+                     recorder.window_tokens, recorder.window_s, recorder.recompute_s)
 
 
 def sharing_saving(prompt_len: int, output_len: int, n_samples: int,
@@ -179,3 +216,13 @@ def prefix_sharing_experiment(prompt_lens, system_len: int, n_system_prompts: in
         table.free()
     return dict(hit_rate=cache.hit_rate, prefill_saved=saved / total, requests=len(prompt_lens),
                 cached_blocks=len(cache))
+
+
+def slower_attention(step_model, slowdown: float):
+    """``step_model`` with every attention byte costing ``slowdown`` times as long: a paged
+    kernel that reads its blocks ``slowdown`` times slower than a contiguous one (Kwon et al.
+    2023 measured 1.2-1.26 for decode, Fig. 18a). Only the memory side moves; FLOPs do not."""
+    from dataclasses import replace
+
+    a = step_model.attention
+    return replace(step_model, attention=replace(a, kv_bytes_per_token=slowdown * a.kv_bytes_per_token))
