@@ -233,6 +233,10 @@ class SimulatedCost:
         return window_costs(self.window, self.usd_per_hour)[1] if self.ok else float("inf")
 
 
+class StaleWindow(ValueError):
+    """A stored window that today's simulator and step-time model no longer reproduce."""
+
+
 @dataclass(frozen=True)
 class CostCase:
     """One calculator setting: model, device (and how many), precision, lengths, SLO."""
@@ -333,7 +337,7 @@ class CostCase:
         costs = self.costs()
         run = simulate(requests, costs, self.serving())
         if window(requests, run, self.slo, warmup, cooldown) != w:
-            raise ValueError(f"{self}: serving the window's trace again gave another window")
+            raise StaleWindow(f"{self}: serving the window's trace again gave another window")
         end = max(r.arrival_s for r in requests)
         split = split_run(run, costs, warmup * end, (1 - cooldown) * end)
         priced = sum(k.seconds for k in split.kernels.values()) + split.steps * costs.overhead_s
@@ -377,17 +381,23 @@ def case_key(case: CostCase) -> str:
     return json.dumps(asdict(case), sort_keys=True)
 
 
-def _search(job: tuple[CostCase, SLOCapacity | None]) -> tuple[SLOCapacity, PhaseSplit | None]:
+def _search(job: tuple[CostCase, SLOCapacity | None]) -> tuple[SLOCapacity, PhaseSplit | None,
+                                                                str]:
     case, cap = job
-    cap = cap or case.capacity()
-    return cap, (case.split(cap) if cap.state is not None else None)
+    if cap is not None and cap.state is not None:
+        try:
+            return cap, case.split(cap), "reused: its window reproduces exactly"
+        except StaleWindow:
+            pass
+    cap = case.capacity()
+    return cap, (case.split(cap) if cap.state is not None else None), "searched"
 
 
 def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dict:
     """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
-    returns the record. ``reuse``: keep the stored search of every case whose inputs have not
-    changed (its window is still served again to split it, which fails if the stored window no
-    longer reproduces)."""
+    returns the record. ``reuse``: keep the stored search of a case when today's simulator and
+    step-time model, serving its window's trace again, reproduce that window exactly (every
+    step's time and every request's tokens); otherwise search again. Each case records which."""
     from concurrent.futures import ProcessPoolExecutor
 
     from inferlab.measurements import git_commit
@@ -398,16 +408,14 @@ def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dic
               "cases": []}
     cases = list(cases or chapter_cases())
     old = stored() if reuse and data_path("simulations", NAME).exists() else {}
-    keep = lambda c: (old[case_key(c)].capacity if case_key(c) in old  # noqa: E731
-                      and old[case_key(c)].inputs == json.loads(json.dumps(inputs(c))) else None)
-    jobs_ = [(c, keep(c)) for c in cases]
+    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None) for c in cases]
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
     found = pool.map(_search, jobs_) if pool else map(_search, jobs_)
-    for case, (cap, split) in zip(cases, found):
+    for case, (cap, split, how) in zip(cases, found):
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
-                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes), batch "
-                 f"held by {case.limit(cap) if cap.state else '-'}", flush=True)
-        record["cases"].append({"case": asdict(case), "inputs": inputs(case),
+                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes, "
+                 f"{how}), batch held by {case.limit(cap) if cap.state else '-'}", flush=True)
+        record["cases"].append({"case": asdict(case), "inputs": inputs(case), "search": how,
                                 "capacity": capacity_to_dict(cap),
                                 "split": split.to_dict() if split else None})
     if pool:
