@@ -50,6 +50,7 @@ CHIP_PRECISIONS = ("bf16", "fp8", "fp4")
 # Blackwell (its developer blog "Introducing NVFP4", 2025-06-24); the MI355X computes MXFP4
 # (the OCP MX format; the notes of its row in data/chips_2026.csv).
 FP4_FORMAT = {"NVIDIA": NVFP4, "AMD": MXFP4}
+FP4 = MXFP4   # the OCP MX format by its old name here (``moe_deployments``: gpt-oss's experts)
 UNITS = {"GB": 1e9, "GiB": 2**30}
 
 
