@@ -76,7 +76,8 @@ def test_no_8_or_4_bit_format_computes_at_the_16_bit_peak():
             assert p.bytes_per_kv == 1
         else:
             assert costs.peak_flops == spec.peak_flops("bfloat16"), case
-    assert tc.CostCase(precision="fp8").costs().peak_flops == h100.peak_fp8 == 2 * h100.peak_bf16
+    assert tc.CostCase(precision="fp8").costs().peak_flops == h100.peak_fp8
+    assert h100.peak_fp8 == pytest.approx(2 * h100.peak_bf16, rel=1e-3)   # 1,979 against 989
     assert tc.CostCase(device="B200", precision="nvfp4").costs().peak_flops == b200.peak_fp4
     assert tc.NVFP4.bytes_per_weight == pytest.approx(4.5 / 8)
     assert tc.MXFP4.bytes_per_weight == pytest.approx(4.25 / 8)
