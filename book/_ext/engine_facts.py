@@ -60,6 +60,8 @@ ENGINE_NAMES = {
     "FlashMLA": r"FlashMLA",
     "DeepGEMM": r"DeepGEMM",
     "NCCL": r"NCCL",
+    "torchao": r"torchao",
+    "gpt-fast": r"gpt-fast",
     # the API OpenAI defines, named as an API ("OpenAI's Completions API", "the Responses API");
     # "an OpenAI-compatible server" names a shape, and OpenAI's models and prices are not its API
     "OpenAI API": r"OpenAI(?:'s)? (?:[A-Z]\w* )*API|(?<!compatible )(?:Chat )?Completions API"
