@@ -1,7 +1,7 @@
 """Collectives (inferlab.analysis.collectives): the bytes each algorithm moves, NCCL's own
-latency model by hand, the engines' custom all-reduce fitted to its published timings and used
-where an engine uses it, and DeepEP's dispatch and combine checked against its published
-bandwidths."""
+ring-and-tree model by hand, vLLM's NVLink kernels fitted to its published CUDA-graph timings
+and used where vLLM uses them, and DeepEP's dispatch and combine in both of its bounds, checked
+against its published tables of both kernel versions."""
 
 import math
 
@@ -11,6 +11,9 @@ from inferlab.analysis import collectives as c
 from inferlab.data import read_table
 
 NVLINK = c.Link.named("NVLink H100")
+PCIE = c.Link.named("PCIe Gen5 x16")
+IB = c.Link.named("InfiniBand NDR")                     # one GPU a server
+IB8 = c.Link.named("InfiniBand NDR, 8 H100s a server")  # 8 GPUs a server on NVLink
 NIC = c.Link.named("RDMA NIC per GPU (400G)")
 
 
@@ -20,63 +23,88 @@ def test_each_algorithm_moves_its_bytes():
     assert c.ring_bytes(800, 2) == 800
     assert c.one_shot_bytes(800, 8) == 5600
     assert c.one_shot_bytes(800, 8) / c.ring_bytes(800, 8) == 4  # N / 2 times more at N = 8
+    # each priced call reports its algorithm's bytes
+    assert c.all_reduce(NVLINK, 16384, 8).bytes == c.one_shot_bytes(16384, 8)   # below 256 KiB
+    assert c.all_reduce(NVLINK, 2**20, 8).bytes == c.ring_bytes(2**20, 8)       # multimem above
+    assert c.nccl_all_reduce(IB, 16384, 8, "LL", "tree").bytes == 2 * 16384
+    assert c.nccl_all_reduce(IB, 16384, 8, "LL", "ring").bytes == c.ring_bytes(16384, 8)
 
 
-def test_nccl_ring_by_its_own_model():
-    # NCCL 2.30.7 tuning.cc: ring LL on NVLink, 6.6 us + 2 (N - 1) x 0.6 us, half the bus bandwidth
-    small = c.nccl_all_reduce(NVLINK, 16384, 8)
-    assert small.how == "NCCL ring, LL"
+def test_nccl_ring_and_tree_by_its_own_model():
+    # NCCL 2.30.7 tuning.cc, one GPU a server (ppn = 1): a ring's 14 steps all cross the network
+    # at the tree's NET latency, 6.6 + 14 x 5.0 us; a tree pays 2 log2(8) network hops, 6.8 + 30
+    ring = c.nccl_all_reduce(IB, 16384, 8, "LL", "ring")
+    tree = c.nccl_all_reduce(IB, 16384, 8, "LL", "tree")
+    assert ring.latency_s == pytest.approx(76.6e-6)
+    assert tree.latency_s == pytest.approx(36.8e-6)
+    # LL's bus bandwidth: half the bus, capped at llMaxBw (20.4 GB/s beyond two nodes)
+    assert ring.transfer_s == pytest.approx(1.75 * 16384 / min(0.5 * 46e9, 20.4e9))
+    # a tree moves 2 S at half its bus bandwidth x 0.92 / 3.8, with the size's correction (0.7)
+    assert tree.transfer_s == pytest.approx(2 * 16384 / (min(46e9 * 0.92 / 3.8, 20.4e9) * 0.7),
+                                            rel=1e-5)   # the table keeps six digits
+    assert c.nccl_all_reduce(IB, 16384, 8).how == "NCCL tree, LL"      # NCCL runs the faster
+    # one server of 8 on NVLink: every hop is NVLink's, 6.6 + 14 x 0.6; LL capped at 141 GB/s
+    small = c.nccl_all_reduce(NVLINK, 16384, 8, "LL", "ring")
     assert small.latency_s == pytest.approx((6.6 + 14 * 0.6) * 1e-6)
-    assert small.transfer_s == pytest.approx(1.75 * 16384 / (0.5 * 365e9))
-    # the latency grows with the ring: 2 (N - 1) hops
-    assert c.nccl_all_reduce(NVLINK, 16384, 2).latency_s == pytest.approx((6.6 + 2 * 0.6) * 1e-6)
-    # a large message takes the Simple protocol, which has the whole bandwidth
-    big = c.nccl_all_reduce(NVLINK, 256 * 2**20, 8)
-    assert big.how == "NCCL ring, Simple"
-    assert big.transfer_s == pytest.approx(1.75 * 256 * 2**20 / 365e9)
-    # both protocols priced, the faster taken
-    for size in (1e3, 1e6, 1e8):
-        both = [c.nccl_all_reduce(NVLINK, size, 8, p).seconds for p in ("LL", "Simple")]
-        assert c.nccl_all_reduce(NVLINK, size, 8).seconds == min(both)
-    # slower links have slower hops: PCIe 1.0 us, a network step 5.0 us (one GPU per server)
-    pcie, ib = c.Link.named("PCIe Gen5 x16"), c.Link.named("InfiniBand NDR")
-    assert c.all_reduce(pcie, 16384, 8).latency_s == pytest.approx((6.6 + 14 * 1.0) * 1e-6)
-    assert c.all_reduce(ib, 16384, 8).latency_s == pytest.approx((6.6 + 14 * 5.0) * 1e-6)
+    assert small.transfer_s == pytest.approx(1.75 * 16384 / 141e9)
+    # two servers of 8 (TP 16): 28 NVLink steps at max(0.6, 1.0 us net overhead) and 2 network
+    # steps at the ring's NET latency 2.7 us; the tree: 2 (7 x 0.6 + 1 x 5.0)
+    assert c.nccl_all_reduce(IB8, 16384, 16, "LL", "ring").latency_s == pytest.approx(
+        (6.6 + 28 * 1.0 + 2 * 2.7) * 1e-6)
+    assert c.nccl_all_reduce(IB8, 16384, 16, "LL", "tree").latency_s == pytest.approx(
+        (6.8 + 2 * (7 * 0.6 + 5.0)) * 1e-6)
+    # LL128 is off between PCIe-only GPUs; every protocol and algorithm is priced, the fastest run
+    with pytest.raises(ValueError):
+        c.nccl_all_reduce(PCIE, 16384, 8, "LL128", "ring")
+    for link, n in ((NVLINK, 8), (PCIE, 8), (IB, 8), (IB8, 16)):
+        for size in (1e3, 1e6, 1e8):
+            every = [c._nccl_price(link, size, n, a, p) for a in ("ring", "tree")
+                     for p in c.PROTOCOLS]
+            assert c.nccl_all_reduce(link, size, n).seconds == min(
+                x.seconds for x in every if x is not None)
+    # a large message on NVLink takes a bandwidth protocol, at the measured 365 GB/s bus
+    assert c.nccl_all_reduce(NVLINK, 256 * 2**20, 8).how in ("NCCL ring, LL128", "NCCL ring, Simple")
     # no link class: no latency, the ring's bytes at the line rate
     ideal = c.all_reduce(c.Link.ideal(100e9), 1e6, 4)
     assert ideal.latency_s == 0 and ideal.transfer_s == pytest.approx(1.5e6 / 100e9)
     assert c.all_reduce(c.Link.ideal(math.inf), 1e6, 4).seconds == 0
 
 
-def test_the_custom_all_reduce_fit_follows_its_published_timings():
-    fits = c.custom_fits()
-    assert set(fits) == {("NVLink H100", n) for n in (2, 4, 8)}
-    for row in read_table("allreduce_timings.csv"):
-        latency, bandwidth = fits[(row["link"], int(row["devices"]))]
+def test_the_nvlink_fit_follows_vllms_published_timings():
+    latency, bandwidth = c.custom_fits()["NVLink H100"]
+    rows = [r for r in read_table("allreduce_timings.csv")]
+    assert {int(r["devices"]) for r in rows} == {6, 8}
+    for row in rows:
         fitted = latency + float(row["bytes"]) / bandwidth
-        assert fitted == pytest.approx(float(row["time_us"]) * 1e-6, rel=0.4), row
-    # the latency is a few microseconds and grows with the group; the effective bandwidth is far
-    # below NVLink's 450 GB/s line rate at these sizes
-    assert 3e-6 < fits[("NVLink H100", 2)][0] < fits[("NVLink H100", 8)][0] < 8e-6
-    assert all(bw < 100e9 for _, bw in fits.values())
+        assert fitted == pytest.approx(float(row["time_us"]) * 1e-6, rel=0.25), row
+    # single-digit microseconds before the first byte, a few hundred GB/s of message after
+    assert 5e-6 < latency < 15e-6 and 150e9 < bandwidth < 300e9
 
 
-def test_engines_use_the_custom_kernel_only_where_vllm_does():
-    assert c.all_reduce(NVLINK, 16384, 8).how.startswith("custom")
-    assert c.all_reduce(NVLINK, 16384, 6).how.startswith("custom")       # between 4 and 8
-    assert c.all_reduce(NVLINK, 16384, 16).how.startswith("NCCL")        # not 2, 4, 6 or 8
-    assert c.all_reduce(NVLINK, 8 * 2**20, 8).how.startswith("NCCL")     # at vLLM's max size
-    assert c.all_reduce(c.Link.named("PCIe Gen5 x16"), 16384, 2).how.startswith("NCCL")
-    assert c.all_reduce(c.Link.named("NVLink A100"), 16384, 8).how.startswith("NCCL")  # no timings
+def test_engines_use_their_kernels_only_where_vllm_does():
+    assert c.all_reduce(NVLINK, 16384, 8).how.startswith("vLLM one-shot")
+    assert c.all_reduce(NVLINK, 2**20, 8).how.startswith("vLLM symmetric-memory")  # > 256 KiB
+    assert c.all_reduce(NVLINK, 2**20, 4).how.startswith("vLLM two-shot")   # custom cap 32 MiB
+    assert c.all_reduce(NVLINK, 64 * 2**20, 8).how.startswith("NCCL")       # symm-mem cap
+    assert c.all_reduce(NVLINK, 16384, 16).how.startswith("NCCL")           # not 2, 4, 6 or 8
+    assert c.all_reduce(PCIE, 16384, 2).how.startswith("NCCL")
+    assert c.all_reduce(c.Link.named("NVLink A100"), 16384, 8).how.startswith("NCCL")  # no data
     assert c.all_reduce(NVLINK, 16384, 1).seconds == 0
 
 
-def test_deepep_bytes_per_token_reproduce_its_published_bandwidths():
-    """DeepEP's logical bandwidth is (tokens x top-k rows) / time: with FP8 rows carrying one
-    4-byte scale per 128 channels at the dispatch and bf16 rows at the combine, the course's
-    byte count over DeepEP's published times gives DeepEP's published bandwidths."""
+def test_a_send_is_one_step_without_a_collective_base_latency():
+    hop = c.send(IB, 64 * 8192 * 2 * 2)
+    assert hop.latency_s in (5.0e-6, 8.5e-6, 14e-6)    # one NET hop (one GPU a server), no base
+    assert hop.bytes == 64 * 8192 * 2 * 2
+    assert c.send(IB, 1e3).seconds < c.nccl_all_reduce(IB, 1e3, 2).seconds
+
+
+def test_deepep_bytes_reproduce_its_published_bandwidths():
+    """DeepEP's logical bandwidth is (tokens x top-k messages) / time, with (hidden + hidden /
+    128 x 4 + 16) bytes a dispatch message and hidden x 2 a combine row (its test masks a few
+    routed copies at random, and rounds: within 3%)."""
     a2a = c.ExpertAllToAll(144, 8, 7168, NIC, layers=58)
-    assert a2a.bytes_per_token("dispatch") == 8 * 7168 * (1 + 4 / 128) == 59136
+    assert a2a.bytes_per_token("dispatch") == 8 * (7168 + 224 + 16) == 59264
     assert a2a.bytes_per_token("combine") == 8 * 7168 * 2
     for row in c.deepep_rows():
         x = c.ExpertAllToAll(int(row["ep"]), int(row["topk"]), int(row["hidden"]), NIC)
@@ -85,17 +113,45 @@ def test_deepep_bytes_per_token_reproduce_its_published_bandwidths():
             assert logical == pytest.approx(row[f"{phase}_gbs"] * 1e9, rel=0.03), (row, phase)
 
 
-def test_the_all_to_all_prices_remote_rows_at_the_nic_and_the_rest_as_latency():
-    a2a = c.ExpertAllToAll(144, 8, 7168, NIC)
-    assert a2a.remote_share == pytest.approx(136 / 144)     # 8 of 144 GPUs share a node
-    for row in c.deepep_rows():          # at DeepEP's own widths and batch: its own times
+def test_the_nic_share_follows_the_kernel_version():
+    assert c.ExpertAllToAll(144, 8, 7168, NIC).remote_share == pytest.approx(143 / 144)
+    assert c.ExpertAllToAll(144, 8, 7168, NIC, kernel="nvlink").remote_share == pytest.approx(136 / 144)
+    assert c.ExpertAllToAll(8, 8, 7168, NIC, kernel="nvlink").remote_share == 0   # all NVLink
+    assert {r["kernel"] for r in c.deepep_rows()} == {"rdma", "nvlink"}
+    assert {r["ep"] for r in c.deepep_rows("nvlink")} == {8, 16, 32, 64}   # re-measured only
+
+
+def test_the_pure_rdma_table_implies_one_nic_bandwidth_and_no_visible_fixed_cost():
+    achieved = []
+    for row in c.deepep_rows("rdma"):
         x = c.ExpertAllToAll(int(row["ep"]), 8, 7168, NIC)
         for phase in ("dispatch", "combine"):
-            assert x.cost(phase, row["tokens"]).seconds == pytest.approx(row[f"{phase}_us"] * 1e-6)
+            bw = row["tokens"] * x.nic_bytes_per_token(phase) / (row[f"{phase}_us"] * 1e-6)
+            achieved.append(bw)
+            # what the line rate leaves over scales with the bytes, as a slower NIC's would
+        rest = {p: row[f"{p}_us"] * 1e-6 - row["tokens"] * x.nic_bytes_per_token(p) / 50e9
+                for p in ("dispatch", "combine")}
+        assert rest["combine"] / rest["dispatch"] == pytest.approx(
+            x.row_bytes("combine") / x.row_bytes("dispatch"), rel=0.25)
+    assert 38e9 < min(achieved) and max(achieved) < 42.5e9   # ~39-42 GB/s at every width
+
+
+def test_both_bounds_reproduce_the_published_times_and_part_away_from_them():
+    for row in c.deepep_rows("rdma"):
+        for fixed in (False, True):
+            x = c.ExpertAllToAll(int(row["ep"]), 8, 7168, NIC, fixed_latency=fixed)
+            for phase in ("dispatch", "combine"):
+                assert x.cost(phase, row["tokens"]).seconds == pytest.approx(
+                    row[f"{phase}_us"] * 1e-6)
+    low = c.ExpertAllToAll(144, 8, 7168, NIC)
+    high = c.ExpertAllToAll(144, 8, 7168, NIC, fixed_latency=True)
     for phase in ("dispatch", "combine"):
-        # the latency is what the line rate leaves over: tens of microseconds, the same order
-        # at every published width from 16 up
-        assert 30e-6 < a2a.latency_s(phase) < 100e-6
-        assert a2a.cost(phase, 0).seconds == a2a.latency_s(phase)
+        assert low.latency_s(phase) == 0 and low.cost(phase, 0).seconds == 0
+        assert 30e-6 < high.latency_s(phase) < 90e-6       # the remainder at EP 128-256
+        # below DeepEP's 128 tokens the fixed cost makes the call dearer, above it cheaper
+        assert high.cost(phase, 44).seconds > low.cost(phase, 44).seconds
+        assert high.cost(phase, 512).seconds < low.cost(phase, 512).seconds
     with pytest.raises(ValueError, match="EP"):
-        c.ExpertAllToAll(512, 8, 7168, NIC).latency_s("dispatch")
+        c.ExpertAllToAll(512, 8, 7168, NIC).cost("dispatch", 1)
+    with pytest.raises(ValueError, match="kernel"):
+        c.ExpertAllToAll(144, 8, 7168, NIC, kernel="v2")

@@ -109,27 +109,62 @@ def test_the_published_operating_point_is_the_statistics_arithmetic():
     assert md.mtp_tokens_per_step() == (1.85, 1.90)
 
 
-def test_the_all_to_all_is_counted_per_token_through_each_nic_and_bounds_the_decode_step():
+def test_the_all_to_all_is_counted_per_token_through_each_nic():
     ds = md.deepseek_layout("decode")
     a2a = md.deepseek_all_to_all(ds)
     v3 = MoEConfig.from_name("deepseek-v3")
     assert (a2a.ep, a2a.layers, a2a.experts_per_token, a2a.hidden) == (144, 58, 8, 7168)
-    # every MoE layer: 8 rows of 7168 out in FP8 (+ a 4-byte scale per 128) and back in bf16;
-    # 136 of 144 destinations are on other nodes
-    per_token = v3.moe_layers * 136 / 144 * 8 * 7168 * ((1 + 4 / 128) + 2)
+    assert a2a.kernel == "rdma" and not a2a.fixed_latency
+    # every MoE layer: 8 DeepEP messages out (FP8 + a 4-byte scale per 128 + 16 bytes) and 8
+    # bf16 rows back; the Feb-2025 kernel sends all but the GPU's own through its NIC
+    per_token = v3.moe_layers * 143 / 144 * 8 * ((7168 + 224 + 16) + 2 * 7168)
     assert a2a.layers * (a2a.nic_bytes_per_token("dispatch")
                          + a2a.nic_bytes_per_token("combine")) == pytest.approx(per_token)
+    nvlink = md.deepseek_all_to_all(ds, kernel="nvlink")
+    assert nvlink.nic_bytes_per_token("combine") == pytest.approx(
+        136 / 143 * a2a.nic_bytes_per_token("combine"))
     point = md.published_operating_point()
     parts = md.step_parts(ds, "H100 SXM", point.batch_per_gpu, point.context, a2a)
-    talk = sum(v for k, v in parts.items() if k.startswith(("dispatch", "combine")))
-    compute = parts["linear"] + parts["attention"] + parts["lm_head"]
-    assert talk > compute                       # the NIC, not the HBM, bounds this step
+    assert parts["combine latency"] == 0                      # the achieved-bandwidth bound
     assert parts["combine bytes"] == pytest.approx(
-        a2a.layers * point.batch_per_gpu * a2a.nic_bytes_per_token("combine") / 50e9)
+        a2a.layers * point.batch_per_gpu * a2a.nic_bytes_per_token("combine")
+        / a2a.nic_bandwidth("combine"))
     # with MTP each sequence runs 2 tokens through the layers: twice the rows on the wire
     two = md.step_parts(ds, "H100 SXM", point.batch_per_gpu, point.context, a2a, positions=2)
     assert two["dispatch bytes"] == pytest.approx(2 * parts["dispatch bytes"])
-    assert two["dispatch latency"] == parts["dispatch latency"]
+    fixed = md.deepseek_all_to_all(ds, fixed_latency=True)
+    both = md.step_parts(ds, "H100 SXM", point.batch_per_gpu, point.context, fixed, positions=2)
+    assert both["dispatch latency"] == pytest.approx(58 * fixed.latency_s("dispatch"))
+    assert both["dispatch latency"] == md.step_parts(ds, "H100 SXM", point.batch_per_gpu,
+                                                     point.context, fixed)["dispatch latency"]
+
+
+def test_core_mla_is_priced_at_bf16_beside_fp8_matmuls():
+    ds = md.deepseek_layout("decode")
+    model, shape, _ = md._step(ds, "H100 SXM", 88, 4989, positions=2)
+    assert model.precision.compute == "fp8" and model.peak_flops == 1979e12
+    assert model.attention.compute == "bfloat16" and model.attention_peak_flops == 989e12
+    k = {x.name: x for x in model.kernels(shape)}
+    assert k["attention"].compute_s == pytest.approx(k["attention"].flops / 989e12)
+    assert k["attention"].bound == "compute"                  # two positions a sequence
+
+
+def test_deepseeks_published_costs_and_profile():
+    # $87,072 a day for every node over 168B output tokens; the decode-only derivation
+    assert md.published_daily_usd_per_m() == pytest.approx(87072 / 168e3)
+    assert 226.75 * 8 * 24 * 2 == 87072                       # the overview's own arithmetic
+    assert md.published_decode_usd_per_m() < md.published_daily_usd_per_m()
+    profile = md.profile_operating_point()
+    assert (profile.batch_per_gpu, profile.context) == (128, 4096)
+
+
+def test_the_network_bounds_bracket_the_step():
+    ds, point = md.deepseek_layout("decode"), md.published_operating_point()
+    low, high = (md.deepseek_all_to_all(ds, fixed_latency=f) for f in (False, True))
+    b, c = point.batch_per_gpu, point.context
+    steps = [md.decode_step_s(ds, "H100 SXM", b, c, a, overlap=True) for a in (low, high)]
+    alone = md.decode_step_s(ds, "H100 SXM", b, c)
+    assert alone < steps[0] < steps[1]          # 44 tokens a micro-batch: below DeepEP's 128
 
 
 def test_two_batch_overlap_costs_the_larger_of_compute_and_communication():

@@ -97,7 +97,7 @@ def test_mla_prices_attention_on_its_latent_cache():
     assert k["attention"].bytes == 1001 * 61 * 576 * 2
 
 
-def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
+def test_tensor_parallel_splits_work_and_adds_its_collectives():
     config = ModelConfig.from_name("llama-3-70b")
     one = StepModel.for_device(config, "H100 SXM")
     four = StepModel.for_device(config, "H100 SXM", devices=4)
@@ -105,31 +105,55 @@ def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
     shape = Shape.of_rows([(1, 1000)] * 64)
     k1, k4 = by_name(one.kernels(shape)), by_name(four.kernels(shape))
     assert k4["linear"].seconds == pytest.approx(k1["linear"].seconds / 4)
-    # 2 all-reduces a layer, each of 64 tokens x 8192 bf16 activations; the ring's bus bytes
-    message = 64 * 8192 * 2
-    assert k4["collective"].bytes == pytest.approx(2 * 80 * 2 * 3 / 4 * message)
+    # 2 all-reduces a layer and one for the vocab-parallel embedding, each of 64 tokens x 8192
+    # bf16 activations; one gather of 64 rows of vocabulary-wide logits
+    assert four.all_reduce_calls() == 161 and four.gather_calls() == 1
+    message, logits = 64 * 8192 * 2, 64 * 128256 * 2
     call = collectives.all_reduce(four.link, message, 4)
-    assert k4["collective"].latency_s == pytest.approx(160 * call.latency_s)
-    assert k4["collective"].memory_s == pytest.approx(160 * call.transfer_s)
-    assert k4["collective"].seconds == pytest.approx(160 * call.seconds)
+    gather = collectives.nccl_gather(four.link, logits, 4)
+    k = k4["collective"]
+    assert k.latency_s == pytest.approx(161 * call.latency_s + gather.latency_s)
+    assert k.memory_s == pytest.approx(161 * call.transfer_s + gather.transfer_s)
+    assert k.bytes == pytest.approx(161 * call.bytes + gather.bytes)   # each algorithm's count
+    assert gather.bytes == pytest.approx(3 / 4 * logits)
     with pytest.raises(ValueError, match="no GPU link"):
         StepModel.for_device(config, "H100 PCIe", devices=2)
 
 
-def test_llama_3_70b_at_tp8_makes_160_all_reduces_and_pays_their_latency_at_batch_1():
+def test_llama_3_70b_at_tp8_pays_its_calls_latency_at_batch_1():
     config = ModelConfig.from_name("llama-3-70b")
     eight = StepModel.for_device(config, "H100 SXM", devices=8)
-    assert eight.all_reduce_calls() == 160
+    assert eight.all_reduce_calls() == 161 and eight.gather_calls() == 1   # vLLM's 162 calls
     one_token = by_name(eight.kernels(Shape.decode(1, 1024)))["collective"]
-    # a 16 KiB message: the custom all-reduce's latency, not its bytes, is the cost
-    latency, bandwidth = collectives.custom_fits()[("NVLink H100", 8)]
-    assert one_token.latency_s == pytest.approx(160 * latency)
-    assert one_token.memory_s == pytest.approx(160 * 8192 * 2 / bandwidth)
+    # a 16 KiB message: vLLM's one-shot kernel, its fitted latency, (N - 1) x S bytes
+    latency, bandwidth = collectives.custom_fits()["NVLink H100"]
+    gather = collectives.nccl_gather(eight.link, 128256 * 2, 8)
+    assert one_token.latency_s == pytest.approx(161 * latency + gather.latency_s)
+    assert one_token.memory_s == pytest.approx(161 * 8192 * 2 / bandwidth + gather.transfer_s)
+    assert one_token.bytes == pytest.approx(161 * 7 * 8192 * 2 + gather.bytes)
     assert one_token.bound == "latency" and one_token.latency_s > 10 * one_token.memory_s
     # a link given as bare bytes/s has no latency: the old bandwidth-only model
     free = StepModel.for_device(config, "H100 SXM", devices=8, link=450e9)
     bare = by_name(free.kernels(Shape.decode(1, 1024)))["collective"]
-    assert bare.latency_s == 0 and bare.memory_s == pytest.approx(160 * 2 * 7 / 8 * 16384 / 450e9)
+    assert bare.latency_s == 0 and bare.memory_s == pytest.approx(
+        161 * 2 * 7 / 8 * 16384 / 450e9 + 7 / 8 * 128256 * 2 / 450e9)
+
+
+def test_attention_runs_at_its_own_formats_peak():
+    """DeepSeek runs core MLA in BF16 beside FP8 matmuls: attention's arithmetic is priced at
+    the BF16 peak, the linear layers' at FP8's."""
+    from dataclasses import replace
+
+    v3 = mla.MLAShape(61, 7168, 128, 1536, 512, 128, 64, 128)
+    attn = mla.attention_cost(v3)
+    fp8 = StepModel.for_device(LLAMA13, "H100 SXM", "fp8", attention=attn)
+    mixed = StepModel.for_device(LLAMA13, "H100 SXM", "fp8", attention=replace(attn, compute="bfloat16"))
+    assert fp8.attention_peak_flops is None and mixed.attention_peak_flops == 989e12
+    shape = Shape.of_rows([(2, 4000)] * 256)      # two positions a sequence: MTP's verification
+    a8, a16 = by_name(fp8.kernels(shape))["attention"], by_name(mixed.kernels(shape))["attention"]
+    assert a16.compute_s == pytest.approx(1979 / 989 * a8.compute_s)   # the two peaks
+    assert a16.bound == "compute" and a8.bound == "memory"
+    assert by_name(mixed.kernels(shape))["linear"] == by_name(fp8.kernels(shape))["linear"]
 
 
 def test_two_batch_overlap_hides_only_the_smaller_of_compute_and_communication():

@@ -1,44 +1,45 @@
-"""Collectives between devices: what one all-reduce or all-to-all costs, from sourced figures.
+"""Collectives between devices: what one all-reduce, send or all-to-all costs, from sourced figures.
 
-A collective costs a fixed time per call plus its bytes over the link: nccl-tests'
-``doc/PERFORMANCE.md`` puts a call's time at "overhead + size / bw", and defines the *bus
-bandwidth* against which a collective's bytes are counted. The step-time model
-(``inferlab.analysis.step_time``) charges each collective a step makes through this module.
+A call costs a fixed time plus its bytes over the link (nccl-tests' ``doc/PERFORMANCE.md``:
+"overhead + size / bw"). The step-time model (``inferlab.analysis.step_time``) charges every
+collective a step makes through this module. Each ``Cost`` also carries the bytes the algorithm
+moves through one rank's link, so a step's traffic can be counted.
 
-**All-reduce.** For a message of S bytes on N ranks, the algorithms move per rank:
+**All-reduce algorithms**, for S bytes on N ranks (bytes through each rank's link):
 
-- ring (NCCL; its tree and NVLink SHARP algorithms are not modelled): 2 (N - 1) steps, each rank
-  sends and receives 2 (N - 1) / N x S bytes, the least an algorithm built from point-to-point
-  transfers can move (nccl-tests PERFORMANCE.md); bandwidth-optimal, its latency grows with N;
-- one-shot (engines' custom kernels): every rank reads all N - 1 peers' whole buffers and adds
-  them, (N - 1) x S bytes in per rank, but a single synchronisation: latency-optimal;
-- two-shot: a reduce-scatter then an all-gather, 2 (N - 1) / N x S bytes like the ring, in two
-  synchronisations.
+- ring: 2 (N - 1) steps, 2 (N - 1) / N x S, the least any point-to-point algorithm moves;
+- tree (NCCL): a reduction up a tree and a broadcast down it, 2 S, in 2 log2(servers) network
+  hops plus 2 (ranks a server - 1) hops inside each server: fewer steps than a ring across servers;
+- one-shot (engines' kernels): every rank reads its N - 1 peers' whole buffers, (N - 1) x S, in
+  one synchronisation; two-shot: a reduce-scatter then an all-gather, the ring's bytes.
 
-Prices, each from its own source:
+**Prices**, each from its own source:
 
-- **NCCL**, on any link: NCCL's own cost model (``data/collectives.csv``, read in NCCL 2.30.7's
-  ``src/graph/tuning.cc``): a ring all-reduce costs a base latency plus one hop latency per step
-  plus its bus bytes over the bus bandwidth, for two protocols, LL (low latency, half the
-  bandwidth) and Simple (the whole bandwidth, a larger latency); NCCL picks the faster. The bus
-  bandwidth is the link's measured nccl-tests figure where one is published
-  (``data/links.csv`` ``bus_bandwidth_gbs``), else its line rate (an upper bound).
-- **Custom all-reduce** on NVLink: engines replace NCCL for small messages (vLLM, below 8 MiB on
-  2, 4, 6 or 8 fully connected GPUs, one-shot under 256 KiB on 8 and two-shot above). Its price
-  is a least-squares line, latency + S / bandwidth, through SGLang's published H100 timings of
-  its custom all-reduce at 2, 4 and 8 GPUs (``data/allreduce_timings.csv``); only the link it
-  was measured on has one.
+- **NCCL** on any link, by NCCL's own cost model (NCCL 2.30.7 ``src/graph/tuning.cc``, in
+  ``data/collectives.csv``): ring and tree, each with the LL, LL128 and Simple protocols; a
+  latency of a base plus one hop per step (the hop's class: NVLink, PCIe, or the network), and
+  the bytes over the bus bandwidth times the protocol's share, LL capped at ``llMaxBw``; NCCL
+  runs the fastest. Left out: NVLS and CollNet (switch reductions), per-channel bandwidth caps
+  and the multi-node ring plateau factor (they need NCCL's channel count). The bus bandwidth is
+  the link's measured nccl-tests figure where one is published (``data/links.csv``), else its
+  line rate. A network link says how many of the group's GPUs share a server (joined by NVLink).
+- **vLLM's NVLink all-reduce** (custom one-shot kernel below its cap, torch symmetric-memory
+  multimem above, NCCL beyond 64 MiB; caps at the engine-fact commit): one line, latency + S /
+  bandwidth, fitted to vLLM's own CUDA-graph timings on H100 (6 and 8 GPUs,
+  ``data/allreduce_timings.csv``), used for every group of 2 to 8 GPUs on that link.
 
-**All-to-all** (expert parallelism's dispatch and combine): ``ExpertAllToAll`` prices DeepEP's
-low-latency kernels from their published timings (``data/deepep.csv``): each token sends k rows
-(FP8 with one scale per 128 channels at the dispatch, a scale counted as 4 bytes; bf16 at the
-combine), the rows bound for other nodes cross the GPU's NIC at its line rate, and what the
-published time leaves over is a per-call latency.
+**Expert all-to-all** (``ExpertAllToAll``): DeepEP's low-latency dispatch and combine, from its
+published times at 128 tokens a GPU (``data/deepep.csv``). The Feb-2025 kernel sent every row
+but a rank's own through its NIC, so its table gives the NIC's achieved bandwidth at each EP
+width; one batch size per width cannot separate a fixed per-call cost from that bandwidth, so
+the price comes in two bounds: every microsecond is bytes at the achieved bandwidth (default),
+or the line rate plus a fixed remainder per call (``fixed_latency``).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,17 +47,24 @@ import numpy as np
 from inferlab.data import read_table
 
 LINK_CLASSES = ("nvlink", "pcie", "network")
-CUSTOM_MAX_BYTES = 8 * 2**20      # vLLM's CustomAllreduce max_size: larger messages go to NCCL
-CUSTOM_SIZES = (2, 4, 6, 8)       # vLLM's CustomAllreduce._SUPPORTED_WORLD_SIZES
+PROTOCOLS = ("LL", "LL128", "Simple")
+MiB = 2**20
+# vLLM at the engine-fact commit, Hopper: the custom kernel's cap (with torch symmetric memory
+# on, the default) and the symmetric-memory cap; NCCL above (all_reduce_utils.py)
+CUSTOM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4}
+SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB}
+ONE_STAGE_MAX_BYTES = {2: math.inf, 4: MiB // 2, 6: MiB // 4, 8: MiB // 4}  # custom_all_reduce.cuh
+CUSTOM_SIZES = tuple(CUSTOM_MAX_BYTES)   # CustomAllreduce._SUPPORTED_WORLD_SIZES
 
 
 @dataclass(frozen=True)
 class Cost:
-    """One collective call: a fixed latency and the time its bytes take over the link."""
+    """One call: a fixed latency, the time its bytes take, and the bytes through one rank's link."""
 
     latency_s: float
     transfer_s: float
     how: str
+    bytes: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -65,13 +73,14 @@ class Cost:
 
 @dataclass(frozen=True)
 class Link:
-    """A link between devices: its line rate, its class (which latencies apply) and the bus
-    bandwidth collectives reach on it."""
+    """A link between devices: its line rate, its class (which latencies apply), the bus
+    bandwidth collectives reach on it and, for a network, how many GPUs share a server."""
 
     name: str
     bandwidth: float              # line rate, bytes/s in one direction
     link_class: str = "ideal"     # nvlink, pcie, network; ideal: no latency, the line rate
     bus_bandwidth: float | None = None   # measured all-reduce bus bandwidth, bytes/s
+    gpus_per_node: int = 1        # network links: the group's GPUs in one server, on NVLink
 
     def __post_init__(self):
         if self.link_class not in LINK_CLASSES + ("ideal",):
@@ -85,8 +94,10 @@ class Link:
         for row in read_table("links.csv"):
             if row["name"] == name:
                 bus = row.get("bus_bandwidth_gbs", "").strip()
+                per_node = row.get("gpus_per_node", "").strip()
                 return cls(name, float(row["bandwidth_gbs_per_direction"]) * 1e9,
-                           row["link_class"], float(bus) * 1e9 if bus else None)
+                           row["link_class"], float(bus) * 1e9 if bus else None,
+                           int(per_node) if per_node else 1)
         raise ValueError(f"no link {name!r} in data/links.csv")
 
     @classmethod
@@ -110,112 +121,191 @@ def one_shot_bytes(nbytes, devices: int):
     return (devices - 1) * nbytes
 
 
-# --- NCCL ------------------------------------------------------------------------------
+# --- NCCL's cost model ----------------------------------------------------------------
 
 @functools.cache
-def nccl_model() -> dict[str, list[dict]]:
-    """``data/collectives.csv`` by link class: NCCL's base and per-step latencies (seconds) and
-    its protocols' share of the bus bandwidth."""
-    out: dict[str, list[dict]] = {c: [] for c in LINK_CLASSES}
-    for row in read_table("collectives.csv"):
-        out[row["link_class"]].append({"protocol": row["protocol"],
-                                       "base_s": float(row["base_latency_us"]) * 1e-6,
-                                       "step_s": float(row["step_latency_us"]) * 1e-6,
-                                       "share": float(row["bandwidth_share"])})
-    return out
+def nccl_model() -> dict[tuple[str, str], dict]:
+    """``data/collectives.csv`` by (algorithm, protocol): latencies in seconds, bus shares,
+    the LL caps in bytes/s and the tree's correction factors."""
+    def num(v, scale=1.0):
+        return float(v) * scale if v.strip() else None
+    return {(r["algorithm"], r["protocol"]): {
+        "base": num(r["base_latency_us"], 1e-6),
+        "step": {"nvlink": num(r["nvlink_step_us"], 1e-6), "pcie": num(r["pci_step_us"], 1e-6),
+                 "network": num(r["net_step_us"], 1e-6)},
+        "overhead": num(r["net_overhead_us"], 1e-6) or 0.0,
+        "share": (num(r["bus_share_one_node"]), num(r["bus_share_nodes"])),
+        "cap": tuple(num(r[f"ll_cap_{k}_gbs"], 1e9) for k in ("one_node", "two_nodes", "more_nodes")),
+        "correction": [float(x) for x in r["tree_correction"].split()]}
+        for r in read_table("collectives.csv")}
 
 
-def _nccl(link: Link, traffic: float, steps: int, protocol: str | None, what: str) -> Cost:
-    """NCCL's model for ``steps`` ring steps moving ``traffic`` bytes per rank: the faster
-    protocol, or ``protocol``."""
+def _layout(link: Link, devices: int) -> tuple[int, int, str]:
+    """(servers, ranks a server, the class of a hop inside a server) for a group on ``link``."""
+    if link.link_class == "network":
+        per_node = min(devices, link.gpus_per_node)
+        return math.ceil(devices / per_node), per_node, "nvlink"
+    return 1, devices, link.link_class
+
+
+def _nccl_price(link: Link, nbytes: float, devices: int, algorithm: str, protocol: str) -> Cost | None:
+    """NCCL's time for one all-reduce by ``algorithm`` and ``protocol`` (tuning.cc's
+    ncclTopoTuneModel and ncclTopoGetAlgoTime), or None where NCCL would not run it."""
+    m = nccl_model()[(algorithm, protocol)]
+    nodes, ppn, intra = _layout(link, devices)
+    if protocol == "LL128" and intra == "pcie":
+        return None                      # LL128 is on by default only between NVLink-joined GPUs
+    bus = link.bus * m["share"][0 if nodes == 1 else 1]
+    if protocol == "LL":
+        bus = min(bus, m["cap"][min(nodes, 3) - 1])
+    net = nccl_model()[("tree", protocol)]["step"]["network"] if ppn == 1 else m["step"]["network"]
+    if algorithm == "ring":
+        steps, inter = 2 * (devices - 1), 2 * (nodes - 1)
+        hop = m["step"][intra] if nodes == 1 else max(m["step"][intra], m["overhead"])
+        latency = m["base"] + (steps - inter) * hop + inter * net
+        transfer, moved = ring_bytes(nbytes, devices) / bus, ring_bytes(nbytes, devices)
+    else:                                # tree all-reduce: algorithm bandwidth = bus x 0.5
+        latency = m["base"] + 2 * ((ppn - 1) * m["step"][intra]
+                                   + int(math.log2(nodes)) * m["step"]["network"])
+        log_size = int(math.log2(nbytes // 64)) if nbytes >= 64 else -1
+        correction = m["correction"][log_size] if 0 <= log_size < 23 else 1.0
+        transfer, moved = 2 * nbytes / (bus * correction), 2 * nbytes
+    return Cost(latency, transfer, f"NCCL {algorithm}, {protocol}", moved)
+
+
+def nccl_all_reduce(link: Link, nbytes: float, devices: int, protocol: str | None = None,
+                    algorithm: str | None = None) -> Cost:
+    """An all-reduce by NCCL's own model: the fastest (algorithm, protocol), or the one asked."""
+    if devices < 2:
+        return Cost(0.0, 0.0, "none")
     if link.link_class == "ideal":
-        return Cost(0.0, traffic / link.bandwidth, f"{what} at the line rate")
-    costs = [Cost(p["base_s"] + steps * p["step_s"], traffic / (p["share"] * link.bus),
-                  f"NCCL {what}, {p['protocol']}")
-             for p in nccl_model()[link.link_class] if protocol in (None, p["protocol"])]
+        return Cost(0.0, ring_bytes(nbytes, devices) / link.bandwidth, "ring at the line rate",
+                    ring_bytes(nbytes, devices))
+    costs = [c for a in ("ring", "tree") for p in PROTOCOLS
+             if algorithm in (None, a) and protocol in (None, p)
+             and (c := _nccl_price(link, nbytes, devices, a, p)) is not None]
     if not costs:
-        raise ValueError(f"no NCCL protocol {protocol!r} for {link.link_class} links")
+        raise ValueError(f"NCCL runs no {algorithm or ''} {protocol or ''} all-reduce on "
+                         f"{link.link_class} links")
     return min(costs, key=lambda c: c.seconds)
 
 
-def nccl_all_reduce(link: Link, nbytes: float, devices: int, protocol: str | None = None) -> Cost:
-    """A ring all-reduce by NCCL's own cost model: 2 (N - 1) steps, the ring's bytes; the faster
-    protocol, or ``protocol``."""
+def nccl_gather(link: Link, nbytes: float, devices: int) -> Cost:
+    """Gathering ``devices`` shards that total ``nbytes`` (vLLM's logits gather), priced as
+    NCCL's ring all-gather: N - 1 steps, (N - 1) / N of the total through a rank's link."""
     if devices < 2:
         return Cost(0.0, 0.0, "none")
-    return _nccl(link, ring_bytes(nbytes, devices), 2 * (devices - 1), protocol, "ring")
+    moved = (devices - 1) / devices * nbytes
+    if link.link_class == "ideal":
+        return Cost(0.0, moved / link.bandwidth, "gather at the line rate", moved)
+    nodes, ppn, intra = _layout(link, devices)
+    best = None
+    for p in PROTOCOLS:
+        m = nccl_model()[("ring", p)]
+        if p == "LL128" and intra == "pcie":
+            continue
+        bus = link.bus * m["share"][0 if nodes == 1 else 1]
+        if p == "LL":
+            bus = min(bus, m["cap"][min(nodes, 3) - 1])
+        net = nccl_model()[("tree", p)]["step"]["network"] if ppn == 1 else m["step"]["network"]
+        inter = nodes - 1
+        hop = m["step"][intra] if nodes == 1 else max(m["step"][intra], m["overhead"])
+        cost = Cost(m["base"] + (devices - 1 - inter) * hop + inter * net, moved / bus,
+                    f"NCCL ring gather, {p}", moved)
+        best = cost if best is None or cost.seconds < best.seconds else best
+    return best
 
 
 def send(link: Link, nbytes: float) -> Cost:
-    """One transfer of ``nbytes`` to the next device (a pipeline's hop), priced as a single step
-    of NCCL's model on this link: its base latency, one hop, the bytes at a protocol's share
-    of the bus bandwidth. (NCCL's table is for collectives; the course applies it to one step.)"""
-    return _nccl(link, nbytes, 1, None, "send")
+    """One transfer of ``nbytes`` to the next stage (a pipeline's hop). NCCL's table has no
+    point-to-point entry: the course charges one ring step's hardware latency on this link
+    (no collective base latency) and the bytes at a protocol's share of the bus bandwidth,
+    the faster protocol."""
+    if link.link_class == "ideal":
+        return Cost(0.0, nbytes / link.bandwidth, "send at the line rate", nbytes)
+    nodes, ppn, intra = _layout(link, 2)
+    hop_class = "network" if nodes > 1 else intra
+    costs = []
+    for p in PROTOCOLS:
+        m = nccl_model()[("ring", p)]
+        if p == "LL128" and hop_class == "pcie":
+            continue
+        step = (nccl_model()[("tree", p)]["step"]["network"] if hop_class == "network" and ppn == 1
+                else m["step"][hop_class])
+        bus = link.bus * m["share"][0 if nodes == 1 else 1]
+        if p == "LL":
+            bus = min(bus, m["cap"][min(nodes, 3) - 1])
+        costs.append(Cost(step, nbytes / bus, f"one NCCL ring step, {p}", nbytes))
+    return min(costs, key=lambda c: c.seconds)
 
 
-# --- the engines' custom all-reduce ----------------------------------------------------
+# --- vLLM's NVLink all-reduce ----------------------------------------------------------
 
 @functools.cache
-def custom_fits() -> dict[tuple[str, int], tuple[float, float]]:
-    """(link, devices) -> (latency s, bandwidth bytes/s of the message): a least-squares line
-    t = latency + S / bandwidth through each group size's published timings."""
-    points: dict[tuple[str, int], list[tuple[float, float]]] = {}
+def custom_fits() -> dict[str, tuple[float, float]]:
+    """link -> (latency s, bandwidth bytes/s of the message): one least-squares line
+    t = latency + S / bandwidth through every published timing on that link."""
+    points: dict[str, list[tuple[float, float]]] = {}
     for row in read_table("allreduce_timings.csv"):
-        points.setdefault((row["link"], int(row["devices"])), []).append(
-            (float(row["bytes"]), float(row["time_us"]) * 1e-6))
+        points.setdefault(row["link"], []).append((float(row["bytes"]), float(row["time_us"]) * 1e-6))
     fits = {}
-    for key, pts in points.items():
+    for link, pts in points.items():
         s, t = np.array(pts).T
         slope, intercept = np.polyfit(s, t, 1)
-        fits[key] = (float(intercept), float(1 / slope))
+        fits[link] = (float(intercept), float(1 / slope))
     return fits
 
 
 def custom_all_reduce(link: Link, nbytes: float, devices: int) -> Cost | None:
-    """The engines' custom all-reduce, where it runs and has published timings: 2, 4, 6 or 8
-    GPUs on one NVLink link, below 8 MiB (6 GPUs: between the fits for 4 and 8)."""
-    fits = custom_fits()
-    if devices not in CUSTOM_SIZES or nbytes >= CUSTOM_MAX_BYTES or link.link_class != "nvlink":
+    """vLLM's own NVLink all-reduce where it runs and has published timings: 2, 4, 6 or 8 GPUs
+    of one NVLink link, below its symmetric-memory cap. The bytes are the one-shot kernel's
+    below its one-stage cap, else the two-shot (ring) count."""
+    if link.link_class != "nvlink" or devices not in CUSTOM_SIZES or link.name not in custom_fits():
         return None
-    if (link.name, devices) in fits:
-        latency, bw = fits[(link.name, devices)]
-    elif devices == 6 and {(link.name, 4), (link.name, 8)} <= fits.keys():
-        (l4, b4), (l8, b8) = fits[(link.name, 4)], fits[(link.name, 8)]
-        latency, bw = (l4 + l8) / 2, 2 / (1 / b4 + 1 / b8)
-    else:
+    if nbytes >= SYMM_MEM_MAX_BYTES[devices]:
         return None
-    return Cost(latency, nbytes / bw, "custom all-reduce (fit to published timings)")
+    latency, bw = custom_fits()[link.name]
+    one_shot = nbytes < min(CUSTOM_MAX_BYTES[devices], ONE_STAGE_MAX_BYTES[devices])
+    moved = one_shot_bytes(nbytes, devices) if one_shot else ring_bytes(nbytes, devices)
+    kind = "one-shot" if one_shot else ("two-shot" if nbytes < CUSTOM_MAX_BYTES[devices]
+                                        else "symmetric-memory multimem")
+    return Cost(latency, nbytes / bw, f"vLLM {kind} (fit to H100 timings)", moved)
 
 
 def all_reduce(link: Link, nbytes: float, devices: int) -> Cost:
-    """What an engine's all-reduce of ``nbytes`` over ``devices`` costs: its custom kernel where
-    it has one (vLLM's rule), else NCCL."""
+    """What an engine's all-reduce of ``nbytes`` over ``devices`` costs: vLLM's own kernels
+    where it has them, else NCCL's best algorithm and protocol."""
     return custom_all_reduce(link, nbytes, devices) or nccl_all_reduce(link, nbytes, devices)
 
 
 # --- expert parallelism's all-to-all ----------------------------------------------------
 
-FP8_DISPATCH_BYTES = 1 + 4 / 128   # FP8 codes plus one 4-byte scale per 128 channels (DeepEP)
-BF16_COMBINE_BYTES = 2
+DEEPEP_KERNELS = ("rdma", "nvlink")   # Feb 2025 (every peer over the NIC); June 2025 (PR 173)
+SCALE_BYTES, HEADER_BYTES = 4, 16     # DeepEP dispatch message: FP8 codes, a float scale per
+                                      # 128 channels, a 16-byte source-index header
 
 
 @functools.cache
-def deepep_rows() -> list[dict]:
-    return [{k: (float(v) if k not in ("kernels", "source", "where", "notes") else v)
-             for k, v in row.items()} for row in read_table("deepep.csv")]
+def deepep_rows(kernel: str | None = None) -> list[dict]:
+    """``data/deepep.csv`` (one kernel version's rows, or all)."""
+    text = ("kernel", "commit", "date", "source", "where", "notes")
+    rows = [{k: (v if k in text else float(v)) for k, v in row.items()}
+            for row in read_table("deepep.csv")]
+    return [r for r in rows if kernel in (None, r["kernel"])]
 
 
 @dataclass(frozen=True)
 class ExpertAllToAll:
-    """Dispatch and combine of expert parallelism over ``ep`` GPUs, ``gpus_per_node`` to a node
-    joined by NVLink, each GPU with its own NIC (``link``).
+    """Dispatch and combine of expert parallelism over ``ep`` GPUs, ``gpus_per_node`` to a node,
+    each GPU with its own NIC (``link``), by DeepEP's low-latency kernels.
 
-    Each token sends ``experts_per_token`` rows of ``hidden`` elements at the dispatch and gets
-    as many back at the combine (DeepEP counts every routed copy). The rows bound for other
-    nodes, a share (ep - gpus_per_node) / ep under even routing, cross the NIC at its line rate;
-    the rest stays on NVLink, which the model does not charge. The per-call latency is what
-    DeepEP's published time at its own batch leaves over after those bytes
-    (``data/deepep.csv``, interpolated in the EP width)."""
+    Each token sends ``experts_per_token`` rows at the dispatch and gets as many back at the
+    combine. ``kernel`` is DeepEP's version: "rdma" sends every row not bound for the GPU itself
+    through its NIC, (ep - 1) / ep of them under even routing; "nvlink" sends same-node rows over
+    NVLink, (ep - gpus_per_node) / ep through the NIC. The NIC's rows move at the bandwidth
+    DeepEP achieved through it in its pure-RDMA table (interpolated in the EP width), with no
+    fixed cost; or, with ``fixed_latency``, at the line rate plus the remainder of DeepEP's time
+    as a per-call latency. The two agree at DeepEP's 128 tokens; they bound the price away from it."""
 
     ep: int
     experts_per_token: int
@@ -223,13 +313,20 @@ class ExpertAllToAll:
     link: Link
     gpus_per_node: int = 8
     layers: int = 1                                   # MoE layers: calls per step, each phase
-    dispatch_bytes_per_element: float = FP8_DISPATCH_BYTES
-    combine_bytes_per_element: float = BF16_COMBINE_BYTES
+    kernel: str = "rdma"
+    fixed_latency: bool = False
+
+    def __post_init__(self):
+        if self.kernel not in DEEPEP_KERNELS:
+            raise ValueError(f"kernel must be one of {DEEPEP_KERNELS}, got {self.kernel!r}")
 
     def row_bytes(self, phase: str) -> float:
-        per = {"dispatch": self.dispatch_bytes_per_element,
-               "combine": self.combine_bytes_per_element}[phase]
-        return self.hidden * per
+        """Bytes of one routed row: DeepEP's dispatch message, or a bf16 row at the combine."""
+        if phase == "dispatch":
+            return self.hidden + SCALE_BYTES * self.hidden / 128 + HEADER_BYTES
+        if phase == "combine":
+            return 2 * self.hidden
+        raise ValueError(f"phase must be 'dispatch' or 'combine', got {phase!r}")
 
     def bytes_per_token(self, phase: str) -> float:
         """Bytes a token's rows make in one layer's ``phase`` (every routed copy)."""
@@ -237,29 +334,42 @@ class ExpertAllToAll:
 
     @property
     def remote_share(self) -> float:
-        return max(0.0, (self.ep - self.gpus_per_node) / self.ep)
+        """Share of the rows that cross the NIC under even routing."""
+        near = 1 if self.kernel == "rdma" else self.gpus_per_node
+        return max(0.0, (self.ep - near) / self.ep)
 
     def nic_bytes_per_token(self, phase: str) -> float:
         """Bytes of one token's rows that cross its GPU's NIC in one layer's ``phase``."""
         return self.remote_share * self.bytes_per_token(phase)
 
-    def latency_s(self, phase: str) -> float:
-        """The published time at DeepEP's batch less its NIC bytes at the line rate."""
-        rows = sorted(deepep_rows(), key=lambda r: r["ep"])
-        residual = []
-        for r in rows:
-            share = max(0.0, (r["ep"] - self.gpus_per_node) / r["ep"])
-            nic = share * r["tokens"] * r["topk"] * r["hidden"] * {
-                "dispatch": self.dispatch_bytes_per_element,
-                "combine": self.combine_bytes_per_element}[phase]
-            residual.append(r[f"{phase}_us"] * 1e-6 - nic / self.link.bandwidth)
+    def _published(self, phase: str) -> tuple[list[float], list[float], list[float]]:
+        """DeepEP's pure-RDMA rows: EP widths, times (s) and NIC bytes at its own batch."""
+        rows = sorted(deepep_rows("rdma"), key=lambda r: r["ep"])
         eps = [r["ep"] for r in rows]
         if not eps[0] <= self.ep <= eps[-1]:
             raise ValueError(f"DeepEP publishes EP {eps[0]:.0f} to {eps[-1]:.0f}, not {self.ep}")
-        return float(np.interp(self.ep, eps, residual))
+        at = [ExpertAllToAll(int(r["ep"]), int(r["topk"]), int(r["hidden"]), self.link,
+                             kernel="rdma") for r in rows]
+        nic = [r["tokens"] * a.nic_bytes_per_token(phase) for r, a in zip(rows, at)]
+        return eps, [r[f"{phase}_us"] * 1e-6 for r in rows], nic
+
+    def nic_bandwidth(self, phase: str) -> float:
+        """Bytes/s through the NIC that DeepEP's pure-RDMA kernel achieved at this EP width."""
+        eps, times, nic = self._published(phase)
+        return float(np.interp(self.ep, eps, [b / t for b, t in zip(nic, times)]))
+
+    def latency_s(self, phase: str) -> float:
+        """The fixed cost per call: none, or (``fixed_latency``) DeepEP's time less its NIC
+        bytes at the line rate."""
+        if not self.fixed_latency:
+            return 0.0
+        eps, times, nic = self._published(phase)
+        return float(np.interp(self.ep, eps, [t - b / self.link.bandwidth
+                                              for b, t in zip(nic, times)]))
 
     def cost(self, phase: str, tokens: float) -> Cost:
         """One layer's ``phase`` for ``tokens`` tokens on this GPU."""
-        return Cost(self.latency_s(phase),
-                    tokens * self.nic_bytes_per_token(phase) / self.link.bandwidth,
-                    f"DeepEP low-latency {phase}")
+        rate = self.link.bandwidth if self.fixed_latency else self.nic_bandwidth(phase)
+        moved = tokens * self.nic_bytes_per_token(phase)
+        bound = "line rate + fixed latency" if self.fixed_latency else "achieved NIC bandwidth"
+        return Cost(self.latency_s(phase), moved / rate, f"DeepEP {phase}, {bound}", moved)

@@ -18,13 +18,16 @@ the arithmetic and the network.
 The network is in the step-time model's version of the step (``decode_step_kernels`` with an
 ``all_to_all``): every MoE layer dispatches each token's k rows to its experts' GPUs in FP8 and
 combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), through each GPU's
-400 Gb/s NIC for the rows bound for other nodes, priced from DeepEP's published kernels
-(``inferlab.analysis.collectives.ExpertAllToAll``). DeepSeek overlaps it with computation by
-splitting each step into two micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which
-hides only the smaller of the two. ``published_operating_point`` reads the decode batch per GPU
-and the context from DeepSeek's published statistics, and ``mtp_tokens_per_step`` the tokens a
-step yields with the multi-token-prediction module (DeepSeek-AI 2024, acceptance of the second
-token).
+400 Gb/s NIC, priced from DeepEP's published kernels in two bounds
+(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``). DeepSeek's service
+runs core MLA in BF16 beside FP8 matmuls (same overview), so attention is priced at the BF16
+peak. DeepSeek overlaps communication with computation by splitting each step into two
+micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which hides only the smaller of
+the two. ``published_operating_point`` reads the decode batch per GPU and the context from
+DeepSeek's published statistics, ``profile_operating_point`` its published decode profile,
+``published_daily_usd_per_m`` its whole service's cost over its output tokens, and
+``mtp_tokens_per_step`` the tokens a step yields with the multi-token-prediction module
+(DeepSeek-AI 2024, acceptance of the second token).
 
 gpt-oss-120b is published for the opposite deployment: one 80 GB GPU, with its routed experts in
 MXFP4 (4.25 bits a weight with the block scale) and everything else in bf16 (``data/published.csv``:
@@ -40,7 +43,7 @@ the caches, kernel by kernel, and, when given, the dispatch and combine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferlab.analysis import mla, token_cost
 from inferlab.analysis.attention_layouts import AttentionLayout
@@ -150,21 +153,34 @@ def decode_floor_usd_per_m(layout: EPLayout, bandwidth: float, usd_per_gpu_hour:
 
 
 def published_decode_usd_per_m() -> float:
-    """DeepSeek's own decode throughput per node at its assumed GPU price, per million tokens."""
+    """DeepSeek's own decode throughput per node at its assumed GPU price, per million tokens:
+    the course's decode-only derivation (prefill nodes and idle hours left out)."""
     gpus_per_node = quote("deepseek_node_gpus").value
     tokens_per_s, usd_per_gpu_hour = quote("deepseek_decode_node_throughput").values
     return token_cost.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
 
 
+def published_daily_usd_per_m() -> float:
+    """DeepSeek's published cost of a day (every node, prefill included, at $2 per GPU-hour)
+    over the output tokens it served that day, per million."""
+    usd_per_day = quote("deepseek_daily_cost").values[0]
+    output_tokens = quote("deepseek_daily_tokens").values[-1] * 1e9
+    return usd_per_day / output_tokens * 1e6
+
+
 NIC = "RDMA NIC per GPU (400G)"   # DeepEP's H800s: one 400 Gb/s CX7 NIC per GPU
 
 
-def deepseek_all_to_all(layout: EPLayout, link: str = NIC) -> ExpertAllToAll:
+def deepseek_all_to_all(layout: EPLayout, link: str = NIC, kernel: str = "rdma",
+                        fixed_latency: bool = False) -> ExpertAllToAll:
     """Dispatch and combine of ``layout`` through each GPU's NIC: k rows of d_model per token in
-    every MoE layer, FP8 out and bf16 back, 8 GPUs to a node (``deepseek_node_gpus``)."""
+    every MoE layer, FP8 out and bf16 back, 8 GPUs to a node (``deepseek_node_gpus``). By
+    default DeepEP's Feb-2025 pure-RDMA kernel (the one published when DeepSeek's statistics
+    were taken) at the NIC bandwidth it achieved; ``fixed_latency`` gives the other bound."""
     moe = MoEConfig.from_name(layout.model)
     return ExpertAllToAll(layout.gpus, moe.experts_per_token, moe.d_model, Link.named(link),
-                          int(quote("deepseek_node_gpus").value), moe.moe_layers)
+                          int(quote("deepseek_node_gpus").value), moe.moe_layers, kernel,
+                          fixed_latency)
 
 
 @dataclass(frozen=True)
@@ -185,6 +201,13 @@ def published_operating_point() -> OperatingPoint:
     per_gpu = per_node / quote("deepseek_node_gpus").value
     return OperatingPoint(per_gpu / ((low + high) / 2), int(quote("deepseek_kv_length").value),
                           per_gpu)
+
+
+def profile_operating_point() -> OperatingPoint:
+    """DeepSeek's published decode profile: EP 128 with 128 requests a GPU and a 4K prompt,
+    "closely matching the actual online deployment" (deepseek-ai/profile-data)."""
+    ep, requests, prompt = quote("deepseek_decode_profile").values
+    return OperatingPoint(float(requests), int(prompt), float("nan"))
 
 
 def mtp_tokens_per_step() -> tuple[float, float]:
@@ -209,8 +232,9 @@ def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, pre
     moe, p, spec = MoEConfig.from_name(layout.model), precision(prec), get_device_spec(device)
     head = moe.vocab_size * moe.d_model
     lookup = 0 if moe.tie_embeddings else head
-    if moe.mla is not None:
-        attention, held = mla.attention_cost(moe.mla, kv_dtype), float(context)
+    if moe.mla is not None:   # core MLA in BF16 (DeepSeek's inference-system overview)
+        attention = replace(mla.attention_cost(moe.mla, kv_dtype), compute="bfloat16")
+        held = float(context)
     else:
         window = AttentionLayout.from_name(layout.model)
         per_layer = window.token_elements() * bytes_per_element(kv_dtype)
@@ -220,8 +244,10 @@ def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, pre
     tokens = batch_per_gpu * positions
     read = weight_bytes_per_gpu(layout, weight_dtype, tokens, expert_bytes) \
         - head * p.bytes_per_weight
+    attention_peak = None if attention.compute is None else spec.peak_flops(attention.compute)
     model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
-                      attention, p, spec.peak_flops(p.compute), spec.bandwidth)
+                      attention, p, spec.peak_flops(p.compute), spec.bandwidth,
+                      attention_peak_flops=attention_peak)
     shape = Shape.of_rows([(positions, held)]).times(batch_per_gpu)
     return model, shape, read
 

@@ -19,10 +19,12 @@ layers' arithmetic). Four kernel classes:
   embedding is a lookup of one row per token and is not priced.
 - ``collective``: split over N devices by tensor parallelism, every kernel does 1/N of the
   work, and each layer ends its attention and its MLP with an all-reduce of the step's
-  activations (two calls a layer: Llama-3-70B at N = 8 makes 160 a step). Each call costs a
-  latency plus its bytes over the link (``inferlab.analysis.collectives``: the engines' custom
-  all-reduce where it runs, else NCCL's ring, at sourced latencies and bandwidths per link);
-  the kernel keeps the two apart (``latency_s`` and ``memory_s``).
+  activations; the vocab-parallel input embedding adds one all-reduce and the vocab-split LM
+  head one gather of the logits (vLLM's ``VocabParallelEmbedding`` and ``LogitsProcessor``):
+  Llama-3-70B at N = 8 makes 161 all-reduces and a gather a step. Each call costs a latency plus
+  its bytes over the link (``inferlab.analysis.collectives``: vLLM's NVLink kernels where they
+  run, else NCCL's best algorithm and protocol); the kernel keeps the two apart (``latency_s``
+  and ``memory_s``) and counts the bytes through one device's link.
 - ``dispatch`` and ``combine``: expert parallelism's all-to-alls when a step is given an
   ``ExpertAllToAll``, one of each per MoE layer, in the precisions they travel in.
 
@@ -33,7 +35,9 @@ minus both.
 
 A fixed ``overhead_s`` per pass (launches, Python) can be added. Precision is set separately
 for the weights, the KV cache and the arithmetic (``Precision``); the arithmetic's peak is the
-device's dense figure for that format in ``data/hardware.csv``.
+device's dense figure for that format in ``data/hardware.csv``. Attention may run its
+arithmetic in a format of its own (``Attention.compute``: DeepSeek's service runs core MLA in
+BF16 beside FP8 matmuls), priced at that format's peak (``attention_peak_flops``).
 
 Which numbers count as "weight bytes": ``formulas.weight_bytes`` is what the weights *occupy*
 (the input embedding included: it sits in memory); what a step *reads* is the sum of the linear
@@ -48,7 +52,7 @@ from typing import Iterable
 import numpy as np
 
 from inferlab.analysis import formulas
-from inferlab.analysis.collectives import ExpertAllToAll, Link, all_reduce, ring_bytes
+from inferlab.analysis.collectives import ExpertAllToAll, Link, all_reduce, nccl_gather
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 
 ACTIVATION_BYTES = 2  # the all-reduced activations travel in 16-bit
@@ -115,6 +119,7 @@ class Attention:
     kv_bytes_per_token: float  # cached bytes per token, all layers
     flops_per_pair: float      # FLOPs per (query, key) pair, all layers
     window: int | None = None  # keys each query sees at most (sliding window)
+    compute: str | None = None  # the format its arithmetic runs in; None: the model's
 
     @classmethod
     def of(cls, config, prec: Precision) -> "Attention":
@@ -215,6 +220,7 @@ class StepModel:
     link: Link | None = None   # between the devices (needed when devices > 1)
     overhead_s: float = 0.0
     efficiency: float = 1.0   # derates peak, bandwidth and link alike
+    attention_peak_flops: float | None = None  # attention's own format's peak; None: peak_flops
 
     @classmethod
     def for_device(cls, config, device: "DeviceSpec | str", prec: "Precision | str" = "bf16",
@@ -240,9 +246,11 @@ class StepModel:
             raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
         link = None if link is None else as_link(link)
         head = config.vocab_size * config.d_model
+        attention = attention or Attention.of(config, p)
+        attention_peak = None if attention.compute is None else spec.peak_flops(attention.compute)
         return cls(formulas.param_count(config, include_embeddings=False), head, config.d_model,
-                   config.n_layers, attention or Attention.of(config, p), p, peak,
-                   spec.bandwidth, devices, link, overhead_s, efficiency)
+                   config.n_layers, attention, p, peak, spec.bandwidth, devices, link, overhead_s,
+                   efficiency, attention_peak)
 
     @classmethod
     def for_roof(cls, config, peak_flops: float | None, bandwidth: float,
@@ -255,9 +263,9 @@ class StepModel:
                        peak_flops=peak_flops)
 
     # --- the kernels --------------------------------------------------------------------
-    def _roof(self, name: str, flops: float, nbytes: float) -> Kernel:
-        n = self.devices
-        compute = 0.0 if self.peak_flops is None else flops / (n * self.peak_flops * self.efficiency)
+    def _roof(self, name: str, flops: float, nbytes: float, peak: float | None = None) -> Kernel:
+        n, peak = self.devices, peak or self.peak_flops
+        compute = 0.0 if peak is None else flops / (n * peak * self.efficiency)
         memory = nbytes / (n * self.bandwidth * self.efficiency)
         return Kernel(name, flops, nbytes, compute, memory)
 
@@ -277,11 +285,12 @@ class StepModel:
         out = [
             self._roof("linear", 2 * self.linear_params * shape.tokens, linear_bytes),
             self._roof("attention", a.flops_per_pair * shape.pairs,
-                       (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token),
+                       (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token,
+                       self.attention_peak_flops),
             self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
         ]
         if self.devices > 1:
-            out.append(self._all_reduces(shape.tokens))
+            out.append(self._collectives(shape.tokens, shape.rows))
         if experts is not None:
             for phase in ("dispatch", "combine"):
                 cost = experts.cost(phase, shape.tokens)
@@ -292,23 +301,34 @@ class StepModel:
         return out
 
     def all_reduce_calls(self) -> int:
-        """All-reduces a tensor-parallel step makes: one after attention, one after the MLP,
-        in every layer."""
-        return 2 * self.n_layers if self.devices > 1 else 0
+        """All-reduces a tensor-parallel step makes: one after attention and one after the MLP
+        in every layer, and one for the vocab-parallel input embedding."""
+        return 2 * self.n_layers + 1 if self.devices > 1 else 0
 
-    def _all_reduces(self, tokens) -> Kernel:
-        """The step's all-reduces, each of ``tokens`` x d_model 16-bit activations: their
-        latencies, and their bytes' time on the link (bytes: the ring's 2 (N - 1) / N per
-        device, the bus bytes)."""
-        n, calls = self.devices, self.all_reduce_calls()
-        message = np.asarray(tokens) * self.d_model * ACTIVATION_BYTES
-        costs = [all_reduce(self.link, float(m), n) for m in np.ravel(message)]
-        latency = np.reshape([c.latency_s for c in costs], np.shape(message))
-        transfer = np.reshape([c.transfer_s for c in costs], np.shape(message))
-        if np.ndim(message) == 0:
-            latency, transfer = float(latency), float(transfer)
-        return Kernel("collective", 0.0, calls * ring_bytes(message, n), 0.0,
-                      calls * transfer / self.efficiency, calls * latency)
+    def gather_calls(self) -> int:
+        """Gathers a tensor-parallel step makes: the vocab-split logits, once."""
+        return 1 if self.devices > 1 else 0
+
+    def _collectives(self, tokens, rows) -> Kernel:
+        """The step's collectives: ``all_reduce_calls`` all-reduces of ``tokens`` x d_model
+        16-bit activations and one gather of ``rows`` x vocabulary 16-bit logits; their
+        latencies, their bytes' time on the link, and the bytes through one device's link
+        (each algorithm's own count)."""
+        n, link = self.devices, self.link
+        vocab = self.head_params / self.d_model
+        act = np.asarray(tokens, dtype=float) * self.d_model * ACTIVATION_BYTES
+        logits = np.broadcast_to(np.asarray(rows, dtype=float) * vocab * ACTIVATION_BYTES,
+                                 act.shape)
+        calls, gathers = self.all_reduce_calls(), self.gather_calls()
+        costs = [(all_reduce(link, float(a), n), nccl_gather(link, float(g), n))
+                 for a, g in zip(np.ravel(act), np.ravel(logits))]
+
+        def total(field):
+            v = np.reshape([calls * getattr(c, field) + gathers * getattr(g, field)
+                            for c, g in costs], act.shape)
+            return float(v) if np.ndim(v) == 0 else v
+        return Kernel("collective", 0.0, total("bytes"), 0.0,
+                      total("transfer_s") / self.efficiency, total("latency_s"))
 
     def seconds(self, shape: Shape, linear_bytes: float | None = None,
                 experts: ExpertAllToAll | None = None) -> float:
