@@ -25,7 +25,17 @@ def test_a_row_without_a_source_or_a_date_is_refused(monkeypatch):
 
 def test_the_chips_match_their_sources_and_missing_numbers_stay_empty():
     chips = cc.load_chips()
-    assert set(chips) == {"GB300 NVL72 (per GPU)", "B300 (HGX)", "MI355X", "TPU7x (Ironwood)"}
+    assert set(chips) == {"GB300 NVL72 (per GPU)", "B300 (HGX)", "MI355X", "TPU7x (Ironwood)",
+                          "Rubin (VR200 NVL72, per GPU)", "MI455X (Helios, per GPU)"}
+    assert {n for n, c in chips.items() if c.shipping} == {
+        "GB300 NVL72 (per GPU)", "B300 (HGX)", "MI355X", "TPU7x (Ironwood)"}
+    # the HBM4 generation: announced memory and bandwidth, no dense peak in any source read
+    rubin, mi455 = chips["Rubin (VR200 NVL72, per GPU)"], chips["MI455X (Helios, per GPU)"]
+    assert (rubin.spec.memory, rubin.spec.bandwidth) == (288e9, 22e12)
+    assert (mi455.spec.memory, mi455.spec.bandwidth) == (432e9, 19.6e12)
+    for c in (rubin, mi455):
+        assert not c.shipping and "announced" in c.availability
+        assert c.spec.peak_bf16 is None and c.spec.peak_fp8 is None and c.spec.peak_fp4 is None
     tpu = chips["TPU7x (Ironwood)"]
     # docs.cloud.google.com/tpu/docs/tpu7x, 'System architecture'
     assert (tpu.spec.peak_bf16, tpu.spec.peak_fp8, tpu.spec.bandwidth) == (2307e12, 4614e12,
@@ -46,15 +56,31 @@ def test_the_new_chips_stay_out_of_the_hardware_table():
     assert not set(cc.load_chips()) & set(every)
 
 
-def test_fp4_is_mxfp4_with_its_block_scale():
-    assert cc.FP4.bytes_per_weight == pytest.approx(4.25 / 8)
-    assert cc.FP4.bytes_per_kv == 1 and cc.FP4.compute == "fp4"
+def test_fp4_is_each_vendors_block_format_with_its_scales():
+    import torch
+
+    from inferlab.model.formats import mxfp4_quantize, nvfp4_quantize
+
+    nv, amd = cc.chip_precision(cc.chip("B300 (HGX)"), "fp4"), cc.chip_precision(
+        cc.chip("MI355X"), "fp4")
+    assert nv.name == "nvfp4" and amd.name == "mxfp4"
+    assert nv.bytes_per_weight == pytest.approx(4.5 / 8)    # 16 E2M1 + one E4M3 scale
+    assert amd.bytes_per_weight == pytest.approx(4.25 / 8)  # 32 E2M1 + one E8M0 scale
+    # the same bits as the emulated formats store (NVFP4's one FP32 tensor scale aside)
+    w = torch.randn(64, 4096)
+    assert nvfp4_quantize(w)[2].bits_per_weight == pytest.approx(4.5, abs=1e-3)
+    assert mxfp4_quantize(w)[2].bits_per_weight == pytest.approx(4.25)
+    for p in (nv, amd):
+        assert p.bytes_per_kv == 1 and p.compute == "fp4"
+    with pytest.raises(ValueError, match="prec must be one of"):
+        cc.chip_precision(cc.chip("MI355X"), "int3")
 
 
 def test_a_decode_point_is_the_step_time_model_and_the_cost_is_price_over_throughput():
     b300 = cc.chip("B300 (HGX)")
     point = cc.decode_point(LLAMA70, b300, "fp8", 64, 2000)
-    model = StepModel.for_device(LLAMA70, b300.spec, cc.CHIP_PRECISIONS["fp8"])
+    model = StepModel.for_device(LLAMA70, b300.spec, cc.chip_precision(b300, "fp8"))
+    assert model.peak_flops == 4500e12          # W8A8 at the FP8 peak, not the 16-bit one
     assert point.step_s == pytest.approx(model.decode_s(64, 64 * 2001))
     assert point.tokens_per_s == pytest.approx(64 / point.step_s)
     assert point.usd_per_m_output(7.4) == pytest.approx(usd_per_million(7.4, 64 / point.step_s))
@@ -62,7 +88,10 @@ def test_a_decode_point_is_the_step_time_model_and_the_cost_is_price_over_throug
 
 def test_lower_precision_serves_more_tokens_on_every_chip_that_has_the_peak():
     table = cc.precision_table("llama-3-70b", 2000, 0.05)
-    for name in cc.load_chips():
+    for name, chip in cc.load_chips().items():
+        if chip.spec.peak_bf16 is None:             # announced HBM4 chips: no peak to price at
+            assert all(table[name, p] is None for p in cc.CHIP_PRECISIONS)
+            continue
         bf16, fp8, fp4 = (table[name, p] for p in ("bf16", "fp8", "fp4"))
         assert fp8.tokens_per_s > bf16.tokens_per_s
         assert fp8.batch > bf16.batch               # half the cache bytes: more sequences fit
@@ -138,3 +167,21 @@ def test_own_against_rent():
                         sum(math.ceil(x) for x in cc.daily_load(4, 1)) * 7.4 * 365 / 4)
     with pytest.raises(ValueError):
         cc.own_vs_rent([1.0] * 23, 7.4, 1100, 0.09)
+
+
+def test_power_beyond_the_chip():
+    # NVIDIA's DGX B200 guide: 14.3 kW max for 8 GPUs of 1,000 W
+    system = cc.cost_input("node_power_dgx_b200").value
+    other = cc.server_other_w(system, 8, 1000)
+    assert other == pytest.approx((14300 - 8000) / 8)
+    pue = cc.cost_input("pue_industry_average").value
+    chip_only = cc.own_vs_rent([4.0] * 24, 7.4, 1100, 0.0904)
+    wall = cc.own_vs_rent([4.0] * 24, 7.4, 1100, 0.0904, other_w=other, pue=pue)
+    assert wall.watts_per_chip == pytest.approx((1100 + other) * pue)
+    assert wall.power_usd_per_day == pytest.approx(chip_only.power_usd_per_day
+                                                   * (1100 + other) * pue / 1100)
+    assert wall.break_even_usd_per_chip_year < chip_only.break_even_usd_per_chip_year
+    with pytest.raises(ValueError):
+        cc.own_vs_rent([4.0] * 24, 7.4, 1100, 0.0904, pue=0.9)
+    with pytest.raises(ValueError):
+        cc.server_other_w(7000, 8, 1000)

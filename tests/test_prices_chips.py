@@ -11,8 +11,8 @@ from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 
 
-@pytest.mark.parametrize("file", ["prices.csv", "api_prices.csv", "chips_2026.csv",
-                                  "api_prices_2026.csv", "cost_inputs_2026.csv"])
+@pytest.mark.parametrize("file", ["prices.csv", "chips_2026.csv", "api_prices_2026.csv",
+                                  "cost_inputs_2026.csv"])
 def test_every_price_row_has_a_source_a_date_and_a_status(file):
     rows = read_table(file)
     assert rows
@@ -43,16 +43,25 @@ def test_every_priced_device_is_in_the_hardware_table_and_the_newest_row_wins():
         prices.device_price("T4")
 
 
-def test_api_prices_match_the_facts_sheet():
+def test_api_prices_match_their_sources():
     table = {(p.provider, p.model): p for p in prices.token_prices()}
-    gpt4o = table[("OpenAI", "gpt-4o-2024-08-06")]
-    assert (gpt4o.usd_per_m_input, gpt4o.usd_per_m_cached_input, gpt4o.usd_per_m_output) == \
-        (2.50, 1.25, 10.00)
-    opus = table[("Anthropic", "Claude Opus 4.5")]
+    # platform.claude.com/docs/.../models/opus-5-5/overview, 'Pricing'
+    opus = table[("Anthropic", "Claude Opus 5.5")]
     assert (opus.usd_per_m_input, opus.usd_per_m_cache_write, opus.usd_per_m_cached_input,
-            opus.usd_per_m_output) == (5.00, 6.25, 0.50, 25.00)
-    assert gpt4o.output_over_input == 4 and opus.output_over_input == 5
-    assert opus.cached_discount == pytest.approx(0.9)
+            opus.usd_per_m_output, opus.batch_discount) == (4.00, 5.00, 0.20, 20.00, 0.5)
+    # developers.openai.com/api/docs/models/gpt-5.4, 'Pricing'
+    gpt = table[("OpenAI", "GPT-5.4")]
+    assert (gpt.usd_per_m_input, gpt.usd_per_m_cached_input, gpt.usd_per_m_output) == \
+        (2.50, 0.25, 15.00)
+    assert opus.output_over_input == 5 and gpt.output_over_input == 6
+    assert opus.cached_discount == pytest.approx(0.95) and gpt.cached_discount == pytest.approx(0.9)
+    # a price the source did not give stays None, and the rows that need it are filtered
+    gemini = next(p for p in table.values() if p.provider == "Google")
+    assert gemini.usd_per_m_cached_input is None and not gemini.has_cache_prices
+    with pytest.raises(ValueError, match="no cached-input price"):
+        gemini.cached_discount
+    cached = prices.token_prices(with_cache_prices=True)
+    assert gemini not in cached and opus in cached and all(p.has_cache_prices for p in cached)
 
 
 def test_the_first_chapters_see_the_same_devices_as_before():

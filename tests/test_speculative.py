@@ -262,6 +262,40 @@ def test_a_verification_pass_prices_its_tokens_kernel_by_kernel():
     assert t == pytest.approx(target.seconds(shape))
 
 
+def test_a_draft_of_its_own_shape_reads_its_own_cache():
+    """Llama-3.2-1B drafting for Llama-3-8B: a sixth of the weights, a quarter of the cache per
+    token. Each round's parts are the step-time model's passes, and at a long context and a
+    large batch the draft's cache reads, which the 'c times the target' shortcut scales with its
+    weights, take the gain away."""
+    from inferlab.analysis import formulas
+    from inferlab.analysis.step_time import StepModel
+
+    t_cfg, d_cfg = ModelConfig.from_name("llama-3-8b"), ModelConfig.from_name("llama-3.2-1b")
+    assert formulas.kv_bytes_per_token(d_cfg) / formulas.kv_bytes_per_token(t_cfg) == 0.25
+    target = StepModel.for_device(t_cfg, "H100 SXM")
+    draft = StepModel.for_device(d_cfg, "H100 SXM")
+    r = speculation.spec_round(target, 64, 0.7, 4, draft, 1000, round_overhead_s=2e-4)
+    assert r.draft_s == pytest.approx(4 * speculation.pass_seconds(draft, 1, 1000, 64))
+    assert r.verify_s == pytest.approx(speculation.pass_seconds(target, 5, 1000, 64))
+    assert r.plain_s == pytest.approx(speculation.pass_seconds(target, 1, 1000, 64))
+    assert r.round_s == pytest.approx(r.draft_s + r.verify_s + 2e-4)
+    assert r.tokens == pytest.approx(64 * speculation.expected_tokens(0.7, 4))
+    assert r.speedup == pytest.approx(r.plain_s / 64 / (r.round_s / r.tokens))
+    # the overhead costs gain; a number c keeps the old meaning (c times every weight and cache)
+    plain = speculation.batched_speedup(target, 64, 0.7, 4, draft, 1000)
+    assert r.speedup < plain
+    c = draft.weight_bytes_read() / target.weight_bytes_read()
+    assert speculation.batched_speedup(target, 64, 0.7, 4, c, 1000) == pytest.approx(
+        speculation.batched_speedup(target, 64, 0.7, 4, target.scaled(c), 1000))
+    # the shortcut with the draft's weight share undercounts its cache, and flatters at batch
+    big = dict(batch=256, a=0.7, k=4, context=1000)
+    own = speculation.batched_speedup(target, draft=draft, **big)
+    assert speculation.batched_speedup(target, draft=c, **big) > own
+    assert own < 1 < speculation.batched_speedup(target, 1, 0.7, 4, draft, 1000)
+    with pytest.raises(ValueError):
+        speculation.spec_round(target, 8, 0.7, 4, draft, round_overhead_s=-1)
+
+
 @pytest.mark.parametrize("bad", [dict(a=1.2, k=2), dict(a=0.5, k=-1), dict(a=0.5, k=1.5)])
 def test_formulas_refuse_bad_input(bad):
     with pytest.raises(ValueError):

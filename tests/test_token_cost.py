@@ -64,12 +64,36 @@ def test_floor_matches_a_hand_computation_llama3_8b_on_h100_batch_64():
     assert floor.usd_per_m_input == pytest.approx(inp, rel=1e-9)
 
 
+def test_no_8_or_4_bit_format_computes_at_the_16_bit_peak():
+    """FP8 is W8A8 at the FP8 peak, NVFP4 and MXFP4 W4A4 at the FP4 peak; only the weight-only
+    formats, which dequantise into 16-bit arithmetic, use the 16-bit peak."""
+    h100, b200 = get_device_spec("H100 SXM"), get_device_spec("B200")
+    for case in tc.chapter_cases():
+        costs, spec = case.costs(), case.spec()
+        p = tc.cost_precision(case.precision)
+        if case.precision in ("fp8", "nvfp4", "mxfp4"):
+            assert costs.peak_flops == spec.peak_flops(p.compute) > spec.peak_flops("bfloat16")
+            assert p.bytes_per_kv == 1
+        else:
+            assert costs.peak_flops == spec.peak_flops("bfloat16"), case
+    assert tc.CostCase(precision="fp8").costs().peak_flops == h100.peak_fp8
+    assert h100.peak_fp8 == pytest.approx(2 * h100.peak_bf16, rel=1e-3)   # 1,979 against 989
+    assert tc.CostCase(device="B200", precision="nvfp4").costs().peak_flops == b200.peak_fp4
+    assert tc.NVFP4.bytes_per_weight == pytest.approx(4.5 / 8)
+    assert tc.MXFP4.bytes_per_weight == pytest.approx(4.25 / 8)
+    assert "fp8 weights and KV" not in tc.PRECISIONS     # the row that ran 8 bits at 16 bits
+    # Hopper has no FP4 arithmetic: a case that asks for it is refused, not priced at 16 bits
+    with pytest.raises(ValueError, match="no fp4 peak"):
+        tc.CostCase(precision="nvfp4").costs()
+
+
 def test_precision_moves_bytes_and_groups_hold_the_model():
     config = ModelConfig.from_name("llama-3-70b")
     bf16 = tc.weight_bytes(config, "bf16")
     assert tc.weight_bytes(config, "int8 weights") == pytest.approx(bf16 / 2)
     assert tc.weight_bytes(config, "int4 weights") == pytest.approx(bf16 / 4)
-    assert tc.kv_bytes_per_token(config, "fp8 weights and KV") == 320 * 2**10 / 2
+    assert tc.kv_bytes_per_token(config, "fp8") == 320 * 2**10 / 2
+    assert tc.weight_bytes(config, "nvfp4") == pytest.approx(bf16 * 4.5 / 16)
     assert tc.group_size(config, "H100 SXM") == 4       # 141 GB: 2 x 80 GB leaves too little
     assert tc.group_size(config, "B200") == 2
     assert tc.group_size(config, "H100 SXM", "int4 weights") == 1
@@ -113,12 +137,12 @@ def test_every_chapter_case_is_stored_and_computed_from_todays_tables(stored):
     for case in tc.chapter_cases():
         key = tc.case_key(case)
         assert key in stored, f"{case} is not stored: run python -m inferlab.analysis.token_cost --write"
-        assert json.loads(json.dumps(tc.inputs(case))) == stored[key][2], \
+        assert json.loads(json.dumps(tc.inputs(case))) == stored[key].inputs, \
             f"{case}: the tables changed; run python -m inferlab.analysis.token_cost --write"
 
 
 def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
-    case, capacity, _ = stored[tc.case_key(tc.CostCase())]
+    case, capacity = stored[tc.case_key(tc.CostCase())].case, stored[tc.case_key(tc.CostCase())].capacity
     first = capacity.probes[0].history[0]
     again = measure(Workload.fixed(case.prompt, case.output).requests(first.n_requests,
                                                                       capacity.probes[0].rate),
@@ -129,8 +153,7 @@ def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
 def test_the_stored_costs_make_physical_sense(stored):
     price = 6.88
     for case in tc.chapter_cases():
-        _, capacity, _ = stored[tc.case_key(case)]
-        sim = case.priced(capacity, price)
+        sim = tc.stored_cost(case, price)
         assert sim.ok, case
         assert sim.usd_per_m_output > sim.usd_per_m_input, case   # output dearer than input
         # no dearer than the roofline at the batch it ran: its steps are timed by that model,
@@ -145,7 +168,7 @@ def test_the_stored_costs_make_physical_sense(stored):
         assert blended >= 0.95 * calc.at_full_memory.usd_per_m_input, case
         assert sim.window.slo_attainment >= case.target
     bounds = [tc.CostCase(device="H100 SXM", tpot_s=t) for t in tc.TPOT_BOUNDS]
-    out = [c.priced(stored[tc.case_key(c)][1], price).usd_per_m_output for c in bounds]
+    out = [tc.stored_cost(c, price).usd_per_m_output for c in bounds]
     assert out[0] >= out[-1]   # a tighter TPOT bound costs at least as much per token
 
 
@@ -154,7 +177,7 @@ def test_cost_table_and_calculator(stored, capsys):
     for name in tc.TABLE_MODELS + tc.TABLE_DEVICES:
         assert name in text
     calc = calculate(tc.CostCase())
-    assert calc.stored and "simulated within the SLO" in str(calc)
+    assert calc.stored and "simulated within the SLO" in str(calc) and "kernel time" in str(calc)
     assert calc.at_batch_1.usd_per_m_output > calc.simulated.usd_per_m_output
     assert calc.simulated.usd_per_m_output <= 1.05 * calc.at_simulated_batch.usd_per_m_output
     ax = plot_calculation(calc)

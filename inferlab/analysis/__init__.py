@@ -19,6 +19,9 @@ papers, with their sources), ``figures`` (the plotting habits and the check that
 ``widgets`` and ``explore`` (the interactive calculators); and what a token costs:
 ``prices`` (dated, sourced prices of devices and APIs), ``token_cost`` (dollars per million
 tokens from the roofline floor and from the steady-state simulator within an SLO),
+``cost_split`` (the two conventions that split a mixed step between input and output tokens,
+and the counts behind them), ``chip_costs`` (the chips of 2026 by precision, reasoning output,
+owning against renting),
 ``cost_calculator`` (the calculator and its widget), ``agent_cost`` (an agent's task, with
 prefix caching), ``chips`` (HBM, TPU and SRAM-first chips: chips to hold a model, speed per
 user against throughput per chip).

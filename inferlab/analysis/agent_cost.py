@@ -9,7 +9,7 @@ A per-token price therefore says little; the price of the task is what matters.
 Most of each call's input is the previous call's input. A server with prefix caching
 (``inferlab.serving.prefix_cache``: K/V blocks named by a chained hash of their tokens) keeps
 those blocks and prefills only the new tokens, and API providers charge such cached input
-tokens at a discount (``data/api_prices.csv``). ``agent_calls`` runs a conversation's prompts,
+tokens at a discount (``data/api_prices_2026.csv``). ``agent_calls`` runs a conversation's prompts,
 as token ids, through a ``PrefixCache`` to count the cached tokens of each call (whole blocks
 only, and never the last prompt token: see ``PrefixCache.allocate_prompt``); ``task_cost``
 prices the calls with or without the cache.

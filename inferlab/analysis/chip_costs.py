@@ -7,10 +7,13 @@ Three questions Chapter 8 asks of the newest chips, each answered from dated, so
   dense peak per format. ``decode_point`` times one decode step with the course's one step-time
   model (``inferlab.analysis.step_time.StepModel``: each kernel on its own roofline, the peak
   that of the precision's format), and ``best_point`` takes the largest batch whose step stays
-  within a TPOT bound. FP8 halves the bytes of the weights and of the cache; FP4 (MXFP4: 4-bit
-  E2M1 elements in blocks of 32 with one 8-bit scale, ``inferlab.model.formats``) halves the
-  weights again, with the cache kept in FP8 as engines ship it. A chip whose table row has no
-  peak for a format cannot run it here (the TPU7x's page lists no FP4).
+  within a TPOT bound. FP8 halves the bytes of the weights and of the cache and runs at the FP8
+  peak; FP4 halves the weights again and runs at the FP4 peak, in each vendor's production
+  format (``inferlab.analysis.token_cost``: NVFP4 on NVIDIA's chips, 16-element blocks with an
+  E4M3 scale, 4.5 bits a weight; MXFP4 on AMD's, 32-element blocks with an E8M0 scale, 4.25
+  bits), with the cache kept in FP8. A chip whose table row has no peak for a format cannot run
+  it here (the TPU7x's page lists no FP4; the HBM4 chips announced for 2026 have no dense peak
+  in any source read, so only their memory and bandwidth are used).
 - **Reasoning output as a cost driver.** ``api_request_usd`` prices one request from a row of
   ``data/api_prices_2026.csv`` (input, cached input, output, batch discount); a reasoning model
   bills its hidden chain of thought as output, so the output count, not the question, sets the
@@ -18,8 +21,10 @@ Three questions Chapter 8 asks of the newest chips, each answered from dated, so
   thought token, so long outputs also make each token dearer (fewer sequences fit, each step
   reads more).
 - **Owning against renting.** ``own_vs_rent`` compares a fleet sized for the daily peak and
-  powered around the clock at the chip's published TDP with renting chips hour by hour as a
-  daily load cycle needs them. What it returns is the break-even: the most an owned chip may
+  powered around the clock with renting chips hour by hour as a daily load cycle needs them.
+  The power counted is the chip's published TDP, plus (when given) its share of the rest of the
+  server's draw (CPUs, memory, NICs, switches, fans: from a vendor's maximum system power) and
+  the data centre's overhead (its PUE, total facility power over IT power). What it returns is the break-even: the most an owned chip may
   cost a year (its price spread over its life, plus hosting, network and staff) for owning to
   be cheaper. The load cycle (``daily_load``) is a scenario the reader sets, not a measurement.
 
@@ -33,19 +38,19 @@ import math
 from dataclasses import dataclass
 
 from inferlab.analysis.hardware import DeviceSpec
-from inferlab.analysis.prices import checked_row
+from inferlab.analysis.prices import TokenPrice, checked_row, token_prices
 from inferlab.analysis.step_time import PRECISIONS, Precision, Shape, StepModel
-from inferlab.analysis.token_cost import kv_bytes_per_token, usd_per_million, weight_bytes
+from inferlab.analysis.token_cost import (MXFP4, NVFP4, kv_bytes_per_token, usd_per_million,
+    weight_bytes)
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 
-# MXFP4 as the OCP MX spec stores it (inferlab.model.formats.mxfp4_quantize): 32 elements of
-# 4 bits share one 8-bit power-of-two scale.
-MX_BLOCK, E2M1_BITS, E8M0_BITS = 32, 4, 8
-FP4 = Precision("fp4", (E2M1_BITS + E8M0_BITS / MX_BLOCK) / 8, 1, "fp4",
-                "MXFP4 weights and activations on FP4 tensor cores (4.25 bits a weight with "
-                "its block scale); FP8 KV cache")
-CHIP_PRECISIONS = {"bf16": PRECISIONS["bf16"], "fp8": PRECISIONS["fp8"], "fp4": FP4}
+CHIP_PRECISIONS = ("bf16", "fp8", "fp4")
+# The 4-bit format each vendor's FP4 peak is quoted for: NVFP4 is NVIDIA's production format on
+# Blackwell (its developer blog "Introducing NVFP4", 2025-06-24); the MI355X computes MXFP4
+# (the OCP MX format; the notes of its row in data/chips_2026.csv).
+FP4_FORMAT = {"NVIDIA": NVFP4, "AMD": MXFP4}
+FP4 = MXFP4   # the OCP MX format by its old name here (``moe_deployments``: gpt-oss's experts)
 UNITS = {"GB": 1e9, "GiB": 2**30}
 
 
@@ -63,7 +68,12 @@ class Chip:
     vendor: str
     tdp_w: float | None
     date: str
-    status: str
+    status: str          # of the source: "secondary", ...
+    availability: str    # "shipping", or what was announced and when it ships
+
+    @property
+    def shipping(self) -> bool:
+        return self.availability == "shipping"
 
     @property
     def name(self) -> str:
@@ -80,7 +90,8 @@ def load_chips() -> dict[str, Chip]:
                           row["notes"], memory_kind="HBM",
                           peak_fp8=_num(row["peak_fp8_tflops"], 1e12),
                           peak_fp4=_num(row["peak_fp4_tflops"], 1e12), gpu_link=row["gpu_link"])
-        out[spec.name] = Chip(spec, row["vendor"], _num(row["tdp_w"]), row["date"], row["status"])
+        out[spec.name] = Chip(spec, row["vendor"], _num(row["tdp_w"]), row["date"], row["status"],
+                              row["availability"])
     return out
 
 
@@ -112,9 +123,21 @@ class DecodePoint:
         return usd_per_million(usd_per_hour, self.tokens_per_s)
 
 
+def chip_precision(chip_: Chip, prec: str) -> Precision:
+    """``prec`` ("bf16", "fp8" or "fp4") as ``chip_`` computes it: FP4 in its vendor's format."""
+    if prec not in CHIP_PRECISIONS:
+        raise ValueError(f"prec must be one of {CHIP_PRECISIONS}, got {prec!r}")
+    if prec == "fp4":
+        if chip_.vendor not in FP4_FORMAT:
+            raise ValueError(f"no 4-bit format known for {chip_.vendor}'s {chip_.name}")
+        return FP4_FORMAT[chip_.vendor]
+    return PRECISIONS[prec]
+
+
 def _precision(chip_: Chip, prec: str) -> Precision:
-    p = CHIP_PRECISIONS[prec]
-    if chip_.spec.peak_flops(p.compute) is None:
+    compute = {"bf16": "bfloat16"}.get(prec, prec)
+    p = chip_precision(chip_, prec) if chip_.spec.peak_flops(compute) is not None else None
+    if p is None:
         raise ValueError(f"data/chips_2026.csv gives {chip_.name} no {prec} peak, so it cannot "
                          f"be priced at {prec}")
     return p
@@ -193,31 +216,12 @@ def cost_input(key: str) -> CostInput:
 
 
 # --- reasoning output as a cost driver --------------------------------------------------------
-@dataclass(frozen=True)
-class ApiPrice:
-    """A row of ``data/api_prices_2026.csv``; None where the source gave no figure."""
-
-    provider: str
-    model: str
-    usd_per_m_input: float
-    usd_per_m_cached_input: float | None
-    usd_per_m_cache_write: float | None
-    usd_per_m_output: float
-    batch_discount: float | None   # the share of the price a batch request saves
-    date: str
-    status: str
+def api_prices_2026() -> list[TokenPrice]:
+    """The current API prices (``inferlab.analysis.prices.token_prices``)."""
+    return token_prices()
 
 
-def api_prices_2026() -> list[ApiPrice]:
-    return [ApiPrice(r["provider"], r["model"], float(r["usd_per_m_input"]),
-                     _num(r["usd_per_m_cached_input"]), _num(r["usd_per_m_cache_write"]),
-                     float(r["usd_per_m_output"]), _num(r["batch_discount"]), r["date"],
-                     r["status"])
-            for r in (checked_row(row, "api_prices_2026.csv")
-                      for row in read_table("api_prices_2026.csv"))]
-
-
-def api_request_usd(price: ApiPrice, input_tokens: int, output_tokens: int,
+def api_request_usd(price: TokenPrice, input_tokens: int, output_tokens: int,
                     cached_share: float = 0.0, batch: bool = False) -> float:
     """Dollars for one request: ``cached_share`` of the input read from the provider's cache,
     the rest at the input price, every output token (a reasoning model's thoughts included) at
@@ -259,24 +263,36 @@ class OwnVsRent:
     owned_chips: int
     utilisation: float            # busy chip-hours over owned chip-hours
     rent_usd_per_day: float       # whole chips rented each hour as the load needs them
-    power_usd_per_day: float      # every owned chip at its TDP around the clock
+    power_usd_per_day: float      # every owned chip, its server share and the facility, all day
     break_even_usd_per_chip_year: float
+    watts_per_chip: float         # at the wall: (TDP + the server's other draw) x PUE
 
     @property
     def rent_usd_per_chip_year(self) -> float:
         return self.rent_usd_per_day * 365 / self.owned_chips
 
 
+def server_other_w(system_w: float, chips: int, tdp_w: float) -> float:
+    """A server's draw beyond its chips, per chip: (system power - chips x TDP) / chips."""
+    if chips < 1 or system_w < chips * tdp_w:
+        raise ValueError("need at least one chip and a system power of at least chips x TDP")
+    return (system_w - chips * tdp_w) / chips
+
+
 def own_vs_rent(load: list[float], rent_usd_per_hour: float, tdp_w: float,
-                usd_per_kwh: float) -> OwnVsRent:
-    """Owning ``ceil(max(load))`` chips, powered at ``tdp_w`` all day, against renting
-    ``ceil(load[h])`` chips in hour h. The break-even is the yearly sum an owned chip may cost,
-    beyond its power, for owning to be the cheaper. Power at the TDP is an upper bound for the
-    chip itself and leaves out cooling and the rest of the server (no sourced row gives them)."""
+                usd_per_kwh: float, other_w: float = 0.0, pue: float = 1.0) -> OwnVsRent:
+    """Owning ``ceil(max(load))`` chips, powered all day, against renting ``ceil(load[h])``
+    chips in hour h. Each owned chip draws ``tdp_w`` plus ``other_w`` (its share of the rest
+    of the server), times ``pue`` (the facility's overhead: cooling, power conversion). The
+    break-even is the yearly sum an owned chip may cost, beyond that power, for owning to be the
+    cheaper. The maximum power, not a measured draw: an upper bound on the electricity."""
     if len(load) != 24 or min(load) < 0 or max(load) <= 0:
         raise ValueError("load must give the chips busy in each of 24 hours, some above zero")
+    if other_w < 0 or pue < 1:
+        raise ValueError("need other_w >= 0 and a PUE of at least 1")
     owned = math.ceil(max(load))
     rent = sum(math.ceil(x) for x in load) * rent_usd_per_hour
-    power = owned * 24 * tdp_w / 1000 * usd_per_kwh
+    watts = (tdp_w + other_w) * pue
+    power = owned * 24 * watts / 1000 * usd_per_kwh
     return OwnVsRent(owned, sum(load) / (owned * 24), rent, power,
-                     (rent - power) * 365 / owned)
+                     (rent - power) * 365 / owned, watts)

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, replace
 
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.analysis.step_time import Shape, StepModel, precision
-from inferlab.analysis.token_cost import kv_bytes_per_token, weight_bytes
+from inferlab.analysis.step_time import Shape, StepModel
+from inferlab.analysis.token_cost import cost_precision, kv_bytes_per_token, weight_bytes
 from inferlab.model.config import ModelConfig
 
 ACCELERATORS = ("gpu", "tpu", "lpu", "wse")
@@ -101,7 +101,7 @@ def serve_point(model: str | ModelConfig, device: str | DeviceSpec, chips: int, 
     if batch > max_batch(config, spec, chips, context, prec):
         raise ValueError(f"{batch} sequences of {context} tokens do not fit on {chips} "
                          f"{spec.name} beside {config.name}'s weights")
-    p = precision(prec)
+    p = cost_precision(prec)
     if spec.peak_flops(p.compute) is None and spec.peak_fp16 is not None:
         p = replace(p, compute="float16")  # a chip with a 16-bit figure in FP16 only
     if spec.peak_flops(p.compute) is None:

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.analysis.chips import max_batch
-from inferlab.analysis.token_cost import (PRECISIONS, CostCase, Floor, SimulatedCost,
-    stored_capacity)
+from inferlab.analysis.token_cost import PRECISIONS, CostCase, Floor, SimulatedCost, stored_cost
 from inferlab.analysis.widgets import redrawing, widget_or_figure
 from inferlab.model.config import model_presets
 
@@ -56,9 +55,16 @@ class Calculation:
             return "\n".join(lines)
         lines += [f"  simulated within the SLO:   ${s.usd_per_m_input:8.3f}/M in, "
                   f"${s.usd_per_m_output:8.3f}/M out at {s.rate:.2f} req/s, mean batch "
-                  f"{s.batch:.1f} ({'stored' if self.stored else 'simulated now'})",
+                  f"{s.batch:.1f} ({'stored' if self.stored else 'simulated now'}; hour split "
+                  "by tokens)",
                   f"  roofline at that batch:     ${self.at_simulated_batch.usd_per_m_input:8.3f}"
                   f"/M in, ${self.at_simulated_batch.usd_per_m_output:8.3f}/M out"]
+        if s.split is not None:
+            k_in, k_out = s.usd_per_m("kernels")
+            lines.append(f"  simulated, split by kernel time: ${k_in:8.3f}/M in, ${k_out:8.3f}/M out")
+        lines.append(f"  either split: ${s.usd_per_m_blended:.3f}/M tokens of either kind, "
+                     f"${s.usd_per_request * 1e3:.4f} per thousand requests (roofline at that "
+                     f"batch: ${self.at_simulated_batch.usd_per_request(c.output) * 1e3:.4f})")
         return "\n".join(lines)
 
 
@@ -75,10 +81,11 @@ def calculate(case: CostCase, usd_per_device_hour: float = 0.0, simulate: bool =
         row = case.price()
         usd_per_device_hour, label = row.usd_per_hour, row.label()
     try:
-        capacity, stored = stored_capacity(case), True
+        sim, stored = stored_cost(case, usd_per_device_hour), True
     except (KeyError, FileNotFoundError):
         capacity, stored = (case.capacity(**search) if simulate else None), False
-    sim = None if capacity is None else case.priced(capacity, usd_per_device_hour)
+        sim = None if capacity is None else case.priced(
+            capacity, usd_per_device_hour, case.split(capacity) if capacity.state else None)
     full = max(1, min(case.max_batch, max_batch(case.config(), case.spec(), case.devices,
                                                  case.prompt + case.output, case.precision)))
     at_sim = None

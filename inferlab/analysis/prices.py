@@ -6,9 +6,10 @@ rows, never from a number typed into a page:
 - ``data/prices.csv``: one device for one hour (``usd_per_hour``), from a provider's offering
   (an 8-GPU instance's hourly price is divided by 8), with the date the price held and where it
   was read;
-- ``data/api_prices.csv``: what a provider charges per million input, cached input (a cache
-  hit), cache-write (an input token stored for later calls) and output tokens for one model,
-  with its date and source.
+- ``data/api_prices_2026.csv``: what a provider charges per million input, cached input (a
+  cache hit), cache-write (an input token stored for later calls) and output tokens for one of
+  its current models, and its batch API's discount, with the date and source; a figure the
+  source did not give stays empty (None), never a guess.
 
 Every row has a ``status``: ``secondary`` (read in a copy or a report of the source, as listed
 in the course's FACTS sheet) or ``unverified`` (the author's recollection of the provider's
@@ -77,20 +78,27 @@ class TokenPrice:
     provider: str
     model: str
     usd_per_m_input: float
-    usd_per_m_cached_input: float   # a cache hit
-    usd_per_m_cache_write: float    # an input token written to the cache (a miss)
+    usd_per_m_cached_input: float | None   # a cache hit (None: not published)
+    usd_per_m_cache_write: float | None    # an input token written to the cache (a miss)
     usd_per_m_output: float
     date: str
     source: str
     status: str
+    batch_discount: float | None = None     # share of the price the batch API saves
 
     @property
     def output_over_input(self) -> float:
         return self.usd_per_m_output / self.usd_per_m_input
 
     @property
+    def has_cache_prices(self) -> bool:
+        return self.usd_per_m_cached_input is not None and self.usd_per_m_cache_write is not None
+
+    @property
     def cached_discount(self) -> float:
         """Share of the input price saved on a cached input token."""
+        if self.usd_per_m_cached_input is None:
+            raise ValueError(f"{self.provider} {self.model}: no cached-input price")
         return 1 - self.usd_per_m_cached_input / self.usd_per_m_input
 
 
@@ -112,10 +120,17 @@ def device_price(device: str, provider: str | None = None) -> DevicePrice:
     return max(rows, key=lambda p: parse_date(p.date))
 
 
-def token_prices() -> list[TokenPrice]:
-    """Every row of ``data/api_prices.csv``, checked."""
-    return [TokenPrice(r["provider"], r["model"], float(r["usd_per_m_input"]),
-                       float(r["usd_per_m_cached_input"]), float(r["usd_per_m_cache_write"]),
-                       float(r["usd_per_m_output"]),
-                       r["date"], r["source"], r["status"])
-            for r in (checked_row(row, "api_prices.csv") for row in read_table("api_prices.csv"))]
+def _optional(text: str) -> float | None:
+    return float(text) if text.strip() else None
+
+
+def token_prices(with_cache_prices: bool = False) -> list[TokenPrice]:
+    """Every row of ``data/api_prices_2026.csv``, checked (only those that publish cached-input
+    and cache-write prices when ``with_cache_prices``)."""
+    rows = [TokenPrice(r["provider"], r["model"], float(r["usd_per_m_input"]),
+                       _optional(r["usd_per_m_cached_input"]), _optional(r["usd_per_m_cache_write"]),
+                       float(r["usd_per_m_output"]), r["date"], r["source"], r["status"],
+                       _optional(r["batch_discount"]))
+            for r in (checked_row(row, "api_prices_2026.csv")
+                      for row in read_table("api_prices_2026.csv"))]
+    return [p for p in rows if p.has_cache_prices] if with_cache_prices else rows

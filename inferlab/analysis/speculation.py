@@ -18,13 +18,20 @@ turn compute-bound and their k + 1 tokens cost k + 1 times as much, while attent
 each sequence's cache once per pass, whatever the batch: at short contexts speculation stops
 paying near the critical batch size, at long ones the cache reads keep it paying much further
 (Sadhukhan et al. 2024, MagicDec).
+
+The draft is a model of its own shape (``StepModel.for_device`` on the draft's config): its
+weights, and its K/V cache per token, which its layers and KV heads set, not its share of the
+target's parameters (Llama-3.2-1B keeps a quarter of Llama-3-8B's cache per token with a sixth
+of its weights). A number c still works, as the old shortcut: a draft c times the target in
+every weight AND every cached number. A round may also pay a fixed ``round_overhead_s`` that no
+roofline sees (drafting's bookkeeping, the rejection sampler, the host's work between passes):
+a sourced figure, ``data/cost_inputs_2026.csv``, passed in by the caller.
 """
 
 from __future__ import annotations
 
 import math
-
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from inferlab.analysis.step_time import Shape, StepModel
 
@@ -79,37 +86,79 @@ def pass_seconds(model: StepModel, tokens: int, context: int = 0, batch: int = 1
     return model.seconds(replace(row, rows=tokens).times(batch))
 
 
-def batched_speedup(target: StepModel, batch: int, a: float, k: int, c: float,
-                    context: int = 0) -> float:
-    """Speculation's speed-up at ``batch`` sequences of ``context`` cached tokens each, for a
-    ``target`` step-time model and a draft ``c`` times its size in every weight and cache.
+@dataclass(frozen=True)
+class SpecRound:
+    """One speculation round at ``batch`` sequences against one plain decode step: seconds of
+    each part (all sequences together) and the tokens the round emits."""
 
-    Plain decoding: one target pass of one token per sequence. Speculating: k draft passes of
-    one token per sequence, then one target pass of k + 1 tokens per sequence, emitting
-    batch x E(a, k) tokens. Each pass reads each sequence's cache once: the k + 1 verified
-    tokens share their sequence's cache read, but no two sequences share one, so at a long
-    context the cache reads, which batching does not amortise, keep a large batch memory-bound
-    and leave speculation its gain.
-    """
+    batch: int
+    k: int
+    plain_s: float        # one plain decode step
+    draft_s: float        # k draft passes of one token per sequence
+    verify_s: float       # one target pass of k + 1 tokens per sequence
+    overhead_s: float     # the round's fixed cost
+    tokens: float         # batch x E(a, k)
+
+    @property
+    def round_s(self) -> float:
+        return self.draft_s + self.verify_s + self.overhead_s
+
+    @property
+    def speedup(self) -> float:
+        """Tokens per second speculating over tokens per second decoding plainly."""
+        return self.plain_s / self.batch / (self.round_s / self.tokens)
+
+
+def _draft_model(target: StepModel, draft: "StepModel | float") -> StepModel:
+    return draft if isinstance(draft, StepModel) else target.scaled(draft)
+
+
+def spec_round(target: StepModel, batch: int, a: float, k: int, draft: "StepModel | float",
+               context: int = 0, round_overhead_s: float = 0.0) -> SpecRound:
+    """The parts of one round (``SpecRound``) at ``batch`` sequences of ``context`` cached
+    tokens each. ``draft``: the draft's own ``StepModel``, or a number c (a draft c times the
+    target in every weight and cached number)."""
     _check(a, k)
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    plain = pass_seconds(target, 1, context, batch) / batch
-    draft = k * pass_seconds(target.scaled(c), 1, context, batch)
-    spec = (draft + pass_seconds(target, k + 1, context, batch)) / (batch * expected_tokens(a, k))
-    return plain / spec
+    if round_overhead_s < 0:
+        raise ValueError(f"round_overhead_s must be >= 0, got {round_overhead_s}")
+    d = _draft_model(target, draft)
+    return SpecRound(batch, k, pass_seconds(target, 1, context, batch),
+                     k * pass_seconds(d, 1, context, batch),
+                     pass_seconds(target, k + 1, context, batch), round_overhead_s,
+                     batch * expected_tokens(a, k))
 
 
-def crossover_batch(target: StepModel, a: float, k: int, c: float, context: int = 0,
-                    max_batch: int = 1 << 16) -> int | None:
+def batched_speedup(target: StepModel, batch: int, a: float, k: int, draft: "StepModel | float",
+                    context: int = 0, round_overhead_s: float = 0.0) -> float:
+    """Speculation's speed-up at ``batch`` sequences of ``context`` cached tokens each, for a
+    ``target`` step-time model and a ``draft`` (its own ``StepModel``, or a number c: a draft c
+    times the target in every weight and cached number).
+
+    Plain decoding: one target pass of one token per sequence. Speculating: k draft passes of
+    one token per sequence, then one target pass of k + 1 tokens per sequence, plus a fixed
+    ``round_overhead_s``, emitting batch x E(a, k) tokens. Each pass reads each sequence's
+    cache once: the k + 1 verified tokens share their sequence's cache read, but no two
+    sequences share one, so at a long context the cache reads, which batching does not
+    amortise, keep a large batch memory-bound and leave speculation its gain; the draft's own
+    cache reads grow with the batch too.
+    """
+    return spec_round(target, batch, a, k, draft, context, round_overhead_s).speedup
+
+
+def crossover_batch(target: StepModel, a: float, k: int, draft: "StepModel | float",
+                    context: int = 0, max_batch: int = 1 << 16,
+                    round_overhead_s: float = 0.0) -> int | None:
     """The smallest batch at which speculating with k tokens no longer pays (speed-up <= 1),
     or None if it still pays at ``max_batch`` (say, the most sequences that fit in memory)."""
+    gain = lambda b: batched_speedup(target, b, a, k, draft, context, round_overhead_s)  # noqa: E731
     lo, hi = 1, max_batch
-    if batched_speedup(target, lo, a, k, c, context) <= 1:
+    if gain(lo) <= 1:
         return lo
-    if batched_speedup(target, hi, a, k, c, context) > 1:
+    if gain(hi) > 1:
         return None
     while hi - lo > 1:  # the speed-up falls as the batch grows
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if batched_speedup(target, mid, a, k, c, context) > 1 else (lo, mid)
+        lo, hi = (mid, hi) if gain(mid) > 1 else (lo, mid)
     return hi

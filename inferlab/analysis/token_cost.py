@@ -11,13 +11,18 @@ Two ways to get the tokens per second, which the cost calculator puts side by si
   highest Poisson arrival rate at which ``target`` of the requests meet the SLO, with every
   step timed by the same model. The simulated engine schedules as current engines do by
   default: chunked prefill under a token budget, decodes first (vLLM V1 always does;
-  SGLang unless its chunked-prefill size is -1), the budget ``token_budget`` OUR choice. Its window logs how much of the device's time went to
-  prefills and to decode steps; the hour's price is split between input and output tokens in
-  that proportion, which is why output tokens come out dearer (a prefill reads the weights
-  once for a whole prompt, a decode step once for one token of each sequence in the batch).
+  SGLang unless its chunked-prefill size is -1), the budget ``token_budget`` OUR choice. The
+  hour's price is split between input and output tokens in proportion to the busy time each
+  phase took. A chunked step carries both, and how its time is split is a CONVENTION
+  (``inferlab.analysis.cost_split``): ``tokens`` (each forward by the tokens each phase put
+  through it, the window's own record) or ``kernels`` (each kernel class by what the prompt
+  rows and the decode rows would cost alone on its roofline). The blended cost of a token, and
+  the cost of a request, do not depend on the convention.
 
-A precision (``inferlab.analysis.step_time.PRECISIONS``) sets the bytes per weight, per cached
-K/V number and the format of the arithmetic. A model too large for one device runs on
+A precision sets the bytes per weight, per cached K/V number and the format, so the peak, of
+the arithmetic: ``inferlab.analysis.step_time.PRECISIONS`` (16-bit, weight-only int8 and int4
+in 16-bit arithmetic, W8A8 FP8 at the FP8 peak) and the two 4-bit block formats below (NVFP4
+on NVIDIA's FP4 tensor cores, MXFP4 on AMD's), each with an FP8 cache. A model too large for one device runs on
 ``group_size`` devices split by tensor parallelism: each does 1/N of every kernel, the group
 holds N times the memory and costs N times the price, and each layer's all-reduces cross the
 device's GPU link (the step-time model's collective kernel).
@@ -31,11 +36,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from inferlab.analysis import formulas
 from inferlab.analysis.cost_limits import BatchLimit, batch_limit
+from inferlab.analysis.cost_split import PhaseSplit, split_run
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
 from inferlab.analysis.step_time import PRECISIONS as _ALL, Precision, StepModel, precision
 from inferlab.analysis.prices import DevicePrice, device_price
@@ -44,8 +52,9 @@ from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
 from inferlab.sim.records import capacity_from_dict, capacity_to_dict
+from inferlab.sim.simulator import simulate
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
-    saturation_estimate, simulated)
+    saturation_estimate, simulated, window)
 from inferlab.sim.workloads import Workload
 
 MILLION = 1e6
@@ -73,13 +82,16 @@ def bandwidth_floor_usd_per_m(weight_bytes: float, kv_bytes_per_token: float, ba
     return usd_per_million(usd_per_hour, batch / step)
 
 
-def window_costs(window: Window, usd_per_hour: float) -> tuple[float, float]:
+def window_costs(window: Window, usd_per_hour: float,
+                 prefill_share: float | None = None) -> tuple[float, float]:
     """Dollars per million (input, output) tokens of a steady-state window: the hour's price
-    split between prefills and decode steps in proportion to the busy time each took (idle
-    time is paid for too), each part divided by the tokens it served."""
-    busy = window.prefill_s + window.decode_s
-    return (usd_per_million(usd_per_hour * window.prefill_s / busy, window.achieved_in_tok_s),
-            usd_per_million(usd_per_hour * window.decode_s / busy, window.achieved_out_tok_s))
+    split between prompts and decodes in proportion to the busy time each took (idle time is
+    paid for too), each part divided by the tokens it served. ``prefill_share``: the share of
+    the busy time charged to prompts; by default the window's own (the split by tokens)."""
+    if prefill_share is None:
+        prefill_share = window.prefill_s / (window.prefill_s + window.decode_s)
+    return (usd_per_million(usd_per_hour * prefill_share, window.achieved_in_tok_s),
+            usd_per_million(usd_per_hour * (1 - prefill_share), window.achieved_out_tok_s))
 
 
 def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
@@ -88,19 +100,43 @@ def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
     return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s
 
 
-# The precisions the calculator and Chapter 8 price (``inferlab.analysis.step_time`` has more).
-PRECISIONS = {name: _ALL[name] for name in
-              ("bf16", "int8 weights", "int4 weights", "fp8 weights and KV")}
+# 4-bit floats with their block scales (E2M1 elements; one scale per block). NVFP4 is NVIDIA's
+# production format on Blackwell (16-element blocks, an E4M3 scale, and one FP32 scale per
+# tensor, negligible per weight): 4.5 bits a weight. MXFP4 is the OCP MX format AMD's MI355X
+# computes (32-element blocks, an E8M0 scale): 4.25 bits. Both run at the chip's FP4 peak with
+# 4-bit activations (W4A4); the K/V cache stays in FP8 (our choice, stated where priced).
+E2M1_BITS, SCALE_BITS = 4, 8
+NVFP4_BLOCK, MX_BLOCK = 16, 32
+NVFP4 = Precision("nvfp4", (E2M1_BITS + SCALE_BITS / NVFP4_BLOCK) / 8, 1, "fp4",
+                  "NVFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 16 with an "
+                  "E4M3 scale: 4.5 bits a weight); FP8 KV cache")
+MXFP4 = Precision("mxfp4", (E2M1_BITS + SCALE_BITS / MX_BLOCK) / 8, 1, "fp4",
+                  "MXFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 32 with an "
+                  "E8M0 scale: 4.25 bits a weight); FP8 KV cache")
+FOUR_BIT = {p.name: p for p in (NVFP4, MXFP4)}
+
+# The precisions the calculator and Chapter 8 price. None computes at a peak other than its own
+# format's: the weight-only formats dequantise into 16-bit arithmetic (their real mechanism),
+# FP8 is W8A8 at the FP8 peak, the 4-bit formats W4A4 at the FP4 peak.
+PRECISIONS = {**{name: _ALL[name] for name in ("bf16", "int8 weights", "int4 weights", "fp8")},
+              **FOUR_BIT}
+
+
+def cost_precision(prec: Precision | str) -> Precision:
+    """A precision by name: one of ``FOUR_BIT``, else ``step_time.precision``."""
+    if isinstance(prec, str) and prec in FOUR_BIT:
+        return FOUR_BIT[prec]
+    return precision(prec)
 
 
 def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
     """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
-    return formulas.weight_bytes(config, precision(prec).bytes_per_weight)
+    return formulas.weight_bytes(config, cost_precision(prec).bytes_per_weight)
 
 
 def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
     """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
-    return formulas.kv_bytes_per_token(config, precision(prec).bytes_per_kv)
+    return formulas.kv_bytes_per_token(config, cost_precision(prec).bytes_per_kv)
 
 
 KV_SHARE = 0.4  # the least share of a device group's memory left for the KV cache
@@ -136,14 +172,48 @@ class Floor:
     def usd_per_m_output(self) -> float:
         return usd_per_million(self.usd_per_hour, self.batch / self.decode_step_s)
 
+    def usd_per_request(self, output: int) -> float:
+        """A request at the roofline with no step shared between phases: its whole-prompt
+        prefill, and ``output`` decode tokens at this batch's cost per token."""
+        seconds = self.prefill_s + output * self.decode_step_s / self.batch
+        return self.usd_per_hour / 3600 * seconds
+
 
 @dataclass(frozen=True)
 class SimulatedCost:
-    """The simulator's steady state at the highest rate within the SLO, priced."""
+    """The simulator's steady state at the highest rate within the SLO, priced.
+
+    ``usd_per_m_input`` and ``usd_per_m_output`` split the hour by tokens (the window's own
+    record); ``usd_per_m(convention)`` by either convention of ``inferlab.analysis.cost_split``
+    (``split`` holds the window's steps counted both ways). ``usd_per_m_blended`` and
+    ``usd_per_request`` depend on no convention."""
 
     rate: float               # requests/s within the SLO
     window: Window | None     # None when not even a low rate met the SLO
     usd_per_hour: float       # for the whole group
+    split: PhaseSplit | None = None
+
+    def usd_per_m(self, convention: str = "tokens") -> tuple[float, float]:
+        """Dollars per million (input, output) tokens with the hour split by ``convention``."""
+        if not self.ok:
+            return float("inf"), float("inf")
+        if convention == "tokens":
+            return window_costs(self.window, self.usd_per_hour)
+        if self.split is None:
+            raise ValueError("this cost has no kernel-time split: it is stored by "
+                             "python -m inferlab.analysis.token_cost --write")
+        return window_costs(self.window, self.usd_per_hour, self.split.prefill_share(convention))
+
+    @property
+    def usd_per_m_blended(self) -> float:
+        """Any token, input or output: the hour over every token served."""
+        w = self.window
+        return usd_per_million(self.usd_per_hour, w.achieved_in_tok_s + w.achieved_out_tok_s)
+
+    @property
+    def usd_per_request(self) -> float:
+        """The hour over the requests finished in it."""
+        return self.usd_per_hour / 3600 / self.window.achieved_req_s
 
     @property
     def ok(self) -> bool:
@@ -161,6 +231,10 @@ class SimulatedCost:
     @property
     def usd_per_m_output(self) -> float:
         return window_costs(self.window, self.usd_per_hour)[1] if self.ok else float("inf")
+
+
+class StaleWindow(ValueError):
+    """A stored window that today's simulator and step-time model no longer reproduce."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +271,8 @@ class CostCase:
     def costs(self) -> StepModel:
         """The step-time model: the group's devices split the model by tensor parallelism over
         the device's GPU link (``data/hardware.csv`` ``gpu_link``)."""
-        return StepModel.for_device(self.config(), self.spec(), self.precision, self.devices)
+        return StepModel.for_device(self.config(), self.spec(), cost_precision(self.precision),
+                                    self.devices)
 
     def serving(self) -> ServingConfig:
         """The pool: the group's memory less the weights, in blocks of the precision's K/V."""
@@ -246,8 +321,31 @@ class CostCase:
     def workload(self) -> Workload:
         return Workload.fixed(self.prompt, self.output)
 
-    def priced(self, capacity: SLOCapacity, usd_per_device_hour: float) -> SimulatedCost:
-        return SimulatedCost(capacity.rate, capacity.window, usd_per_device_hour * self.devices)
+    def priced(self, capacity: SLOCapacity, usd_per_device_hour: float,
+               split: PhaseSplit | None = None) -> SimulatedCost:
+        return SimulatedCost(capacity.rate, capacity.window, usd_per_device_hour * self.devices,
+                             split)
+
+    def split(self, capacity: SLOCapacity, warmup: float = 0.2,
+              cooldown: float = 0.1) -> PhaseSplit:
+        """The steps of ``capacity``'s window counted and split both ways
+        (``inferlab.analysis.cost_split``): the window's trace is served again (the simulator
+        is deterministic) and each forward's kernels priced from its rows. Raises if the run
+        does not reproduce the stored window, or the kernels do not add up to its seconds."""
+        w = capacity.window
+        requests = self.workload().requests(w.n_requests, capacity.rate)
+        costs = self.costs()
+        run = simulate(requests, costs, self.serving())
+        if window(requests, run, self.slo, warmup, cooldown) != w:
+            raise StaleWindow(f"{self}: serving the window's trace again gave another window")
+        end = max(r.arrival_s for r in requests)
+        split = split_run(run, costs, warmup * end, (1 - cooldown) * end)
+        priced = sum(k.seconds for k in split.kernels.values()) + split.steps * costs.overhead_s
+        if abs(priced - split.busy_s) > 1e-6 * split.busy_s or \
+                abs(split.prefill_s_by_tokens - w.prefill_s) > 1e-6 * split.busy_s:
+            raise ValueError(f"{self}: the kernels price {priced} s, the window logged "
+                             f"{split.busy_s} s")
+        return split
 
     def simulate(self, usd_per_device_hour: float, **kw) -> SimulatedCost:
         return self.priced(self.capacity(**kw), usd_per_device_hour)
@@ -260,11 +358,17 @@ TABLE_DEVICES = ("A100 80GB SXM", "H100 SXM", "H200 SXM", "B200")
 TPOT_BOUNDS = (0.015, 0.02, 0.03, 0.05, 0.1)
 
 
+# Fewer bytes per weight, each on a device that computes the format: weight-only int8 and int4
+# and W8A8 FP8 on the H100, FP8 and NVFP4 on the B200 (Hopper has no FP4 tensor cores).
+PRECISION_CASES = {"H100 SXM": ("int8 weights", "int4 weights", "fp8"),
+                   "B200": ("fp8", "nvfp4")}
+
+
 def chapter_cases() -> list[CostCase]:
     """The settings Chapter 8 prices: the table, precisions, and a sweep of TPOT bounds."""
     cases = [CostCase(model=m, device=d) for m in TABLE_MODELS for d in TABLE_DEVICES]
-    cases += [CostCase(precision=p) for p in PRECISIONS if p != "bf16"]
-    cases += [CostCase(model="llama-3-70b", precision=p) for p in ("int8 weights", "int4 weights")]
+    cases += [CostCase(model=m, device=d, precision=p) for m in TABLE_MODELS
+              for d, precs in PRECISION_CASES.items() for p in precs]
     cases += [CostCase(device=d, tpot_s=t) for d in ("A100 80GB SXM", "H100 SXM")
               for t in TPOT_BOUNDS if t != CostCase().tpot_s]
     return cases
@@ -277,29 +381,43 @@ def case_key(case: CostCase) -> str:
     return json.dumps(asdict(case), sort_keys=True)
 
 
-def _capacity(case: CostCase) -> SLOCapacity:
-    return case.capacity()
+def _search(job: tuple[CostCase, SLOCapacity | None]) -> tuple[SLOCapacity, PhaseSplit | None,
+                                                                str]:
+    case, cap = job
+    if cap is not None and cap.state is not None:
+        try:
+            return cap, case.split(cap), "reused: its window reproduces exactly"
+        except StaleWindow:
+            pass
+    cap = case.capacity()
+    return cap, (case.split(cap) if cap.state is not None else None), "searched"
 
 
-def write(cases=None, progress=print, jobs: int = 1) -> dict:
+def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dict:
     """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
-    returns the record."""
+    returns the record. ``reuse``: keep the stored search of a case when today's simulator and
+    step-time model, serving its window's trace again, reproduce that window exactly (every
+    step's time and every request's tokens); otherwise search again. Each case records which."""
     from concurrent.futures import ProcessPoolExecutor
 
     from inferlab.measurements import git_commit
 
-    record = {"provenance": {"command": "python -m inferlab.analysis.token_cost --write",
-                             "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
+    command = "python -m inferlab.analysis.token_cost --write" + (" --reuse" if reuse else "")
+    record = {"provenance": {"command": command, "date": _dt.date.today().isoformat(),
+                             "git_commit": git_commit()},
               "cases": []}
     cases = list(cases or chapter_cases())
+    old = stored() if reuse and data_path("simulations", NAME).exists() else {}
+    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None) for c in cases]
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    caps = pool.map(_capacity, cases) if pool else map(_capacity, cases)
-    for case, cap in zip(cases, caps):
+    found = pool.map(_search, jobs_) if pool else map(_search, jobs_)
+    for case, (cap, split, how) in zip(cases, found):
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
-                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes), batch "
-                 f"held by {case.limit(cap) if cap.state else '-'}", flush=True)
-        record["cases"].append({"case": asdict(case), "inputs": inputs(case),
-                                "capacity": capacity_to_dict(cap)})
+                 f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes, "
+                 f"{how}), batch held by {case.limit(cap) if cap.state else '-'}", flush=True)
+        record["cases"].append({"case": asdict(case), "inputs": inputs(case), "search": how,
+                                "capacity": capacity_to_dict(cap),
+                                "split": split.to_dict() if split else None})
     if pool:
         pool.shutdown()
     out = data_path("hardware.csv").parent / "simulations" / NAME
@@ -314,23 +432,52 @@ def inputs(case: CostCase) -> dict:
     return {"devices": case.devices, **asdict(costs), "num_blocks": case.serving().num_blocks}
 
 
-def stored() -> dict[str, tuple[CostCase, SLOCapacity, dict]]:
-    """The stored simulations, keyed by ``case_key``: (case, capacity, inputs)."""
-    record = json.loads(data_path("simulations", NAME).read_text(encoding="utf-8"))
+@dataclass(frozen=True)
+class Stored:
+    """One stored case: its search, the table numbers it used, and its window's split."""
+
+    case: CostCase
+    capacity: SLOCapacity
+    inputs: dict
+    split: PhaseSplit | None
+
+
+@functools.lru_cache(maxsize=2)
+def _stored(path: str, mtime: float) -> dict[str, Stored]:
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
     out = {}
     for entry in record["cases"]:
         case = CostCase(**entry["case"])
-        out[case_key(case)] = (case, capacity_from_dict(entry["capacity"]), entry["inputs"])
+        split = entry.get("split")
+        out[case_key(case)] = Stored(case, capacity_from_dict(entry["capacity"]), entry["inputs"],
+                                     PhaseSplit.from_dict(split) if split else None)
     return out
 
 
-def stored_capacity(case: CostCase) -> SLOCapacity:
+def stored() -> dict[str, Stored]:
+    """The stored simulations, keyed by ``case_key`` (read once per version of the file)."""
+    path = data_path("simulations", NAME)
+    return _stored(str(path), path.stat().st_mtime)
+
+
+def stored_case(case: CostCase) -> Stored:
     """The stored search for ``case``; a case not stored says how to add it."""
     table = stored()
     if case_key(case) not in table:
         raise KeyError(f"{case} is not in data/simulations/{NAME}: add it to chapter_cases() "
                        "and run python -m inferlab.analysis.token_cost --write")
-    return table[case_key(case)][1]
+    return table[case_key(case)]
+
+
+def stored_capacity(case: CostCase) -> SLOCapacity:
+    """The stored search for ``case``."""
+    return stored_case(case).capacity
+
+
+def stored_cost(case: CostCase, usd_per_device_hour: float) -> SimulatedCost:
+    """The stored search for ``case`` priced, with its window's split."""
+    s = stored_case(case)
+    return case.priced(s.capacity, usd_per_device_hour, s.split)
 
 
 def cost_table(provider: str | None = "CoreWeave") -> str:
@@ -361,11 +508,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true",
                         help=f"recompute every case (minutes) into data/simulations/{NAME}")
     parser.add_argument("--jobs", type=int, default=1, help="processes for --write")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --write: keep stored searches whose inputs are unchanged")
     parser.add_argument("--provider", default="CoreWeave",
                         help="whose prices (data/prices.csv) to use (default CoreWeave)")
     args = parser.parse_args(argv)
     if args.write:
-        write(jobs=args.jobs)
+        write(jobs=args.jobs, reuse=args.reuse)
     print(cost_table(args.provider))
 
 
