@@ -207,3 +207,13 @@ def bytes_per_element(dtype: str | torch.dtype) -> int:
     if name in _STORAGE_BYTES:
         return _STORAGE_BYTES[name]
     return torch.empty((), dtype=parse_dtype(dtype)).element_size()
+
+
+def element_bytes(dtype) -> float:
+    """Bytes per number: a dtype's name (or torch dtype), or a number of bytes itself (0.5 for
+    4-bit weights), so that quantized formats go through the same formulas."""
+    if isinstance(dtype, (int, float)) and not isinstance(dtype, bool):
+        if dtype <= 0:
+            raise ValueError(f"bytes per element must be > 0, got {dtype}")
+        return dtype
+    return bytes_per_element(dtype)

@@ -150,7 +150,7 @@ class BlockTable:
         """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
         return (self.num_tokens % self.block_size != 0
                 and self.num_tokens + n_new <= len(self.blocks) * self.block_size
-                and self.allocator.refcount(self.blocks[-1]) == 1)
+                and self.allocator._refcounts[self.blocks[-1]] == 1)  # (a block it holds)
 
     def blocks_needed(self, n_new: int) -> int:
         """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
@@ -238,6 +238,7 @@ class BlockManager(MemoryManager):
     """
 
     reserves_ahead = False  # holds only the blocks of the tokens stored so far
+    num_cached_only = 0     # no prefix cache here (``PrefixCachingBlockManager`` has one)
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         positive_ints(num_blocks=num_blocks, block_size=block_size)
@@ -273,6 +274,17 @@ class BlockManager(MemoryManager):
         table = BlockTable(self.allocator, self.block_size)
         table.append(tokens)
         return table
+
+    def allocate_sequence(self, seq) -> tuple[BlockTable, int]:
+        """A table for every token of ``seq`` (a ``Sequence``), none of them cached."""
+        return self.allocate(seq.num_tokens, seq.max_tokens), 0
+
+    def remember(self, seq) -> None:
+        """Nothing to remember without a prefix cache."""
+
+    def make_room(self, n_blocks: int) -> bool:
+        """Without a prefix cache nothing can be evicted to make room."""
+        return False
 
     def __repr__(self) -> str:
         return (f"BlockManager({self.num_free}/{self.num_blocks} blocks of {self.block_size} "
