@@ -12,9 +12,10 @@ tenants, the metrics, the limits) is one ``Server`` on ``app.state.server``.
   engine, which checks it (``inferlab.serving.validate``) and answers with its ``Stream``. The
   answer is one completion, or Server-Sent Events (sse-starlette), one chunk per token as the
   engine produces it, in the endpoint's shape (``protocol.TextShape`` or ``ChatShape``). Text
-  is detokenized incrementally (``Detokenizer``), holding back (an empty chunk) what may be the
-  start of a stop string or a character split across tokens. A stop string ends the request
-  with an abort, which frees its blocks at once; so does a client that hangs up mid-stream.
+  is detokenized incrementally (``protocol.Detokenizer``), holding back (an empty chunk) what may
+  be the start of a stop string or a character split across tokens. A stop string ends the
+  request with an abort, which frees its blocks at once; so does a client that hangs up
+  mid-stream.
 - Every error is an ``APIError`` (``inferlab.serve.errors``) in OpenAI's shape, and names the
   field as the client sent it (a chat's ``messages``, its ``max_completion_tokens``). A request
   the engine cannot serve is a 400; with ``max_waiting`` requests already queued the server
@@ -50,54 +51,12 @@ from inferlab.serve.chat import client_names, completion_body
 from inferlab.serve.errors import APIError, error_body
 from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
-from inferlab.serve.protocol import (API_NAMES, ChatShape, CompletionRequest, TextShape,
-                                     model_list, single_prompt, usage)
+from inferlab.serve.protocol import (API_NAMES, ChatShape, CompletionRequest, Detokenizer,
+                                     TextShape, model_list, single_prompt, usage)
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import Request as EngineRequest
 from inferlab.serving.validate import InvalidRequestError
-
-
-class Detokenizer:
-    """Token ids in, text deltas out, cut at the first stop string.
-
-    The text so far is decoded whole each time (byte-level BPE may split a character across
-    tokens, shown as U+FFFD until its last byte arrives), and a tail that could still grow into a
-    stop string is held back until it cannot.
-    """
-
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tokenizer, self.stops = tokenizer, stops
-        self.ids: list[int] = []
-        self.text = ""       # emitted so far
-        self.stopped = False  # a stop string matched
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        return self._emit(final=False)
-
-    def flush(self) -> str:
-        return self._emit(final=True)
-
-    def _emit(self, final: bool) -> str:
-        if self.stopped:
-            return ""
-        full = self.tokenizer.decode(self.ids)
-        cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            full, self.stopped, final = full[:cut], True, True
-        end = len(full)
-        if not final:
-            if full.endswith("\ufffd"):
-                return ""
-            for s in self.stops:  # the longest tail that is a proper start of a stop string
-                for k in range(min(len(s) - 1, len(full)), 0, -1):
-                    if full.endswith(s[:k]):
-                        end = min(end, len(full) - k)
-                        break
-        delta = full[len(self.text):end] if end > len(self.text) else ""
-        self.text += delta
-        return delta
 
 
 @dataclass

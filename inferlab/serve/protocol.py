@@ -26,6 +26,10 @@ and vLLM send them). A shape builds the four things a handler sends: a response 
 false), a streamed chunk, the last chunk's finish reason, and the usage chunk of
 ``stream_options.include_usage``.
 
+The text of either shape is detokenized incrementally (``Detokenizer``): the tokens so far
+decoded whole, each delta cut at the first stop string, and a tail that could still grow into
+one (or a character split across tokens) held back until it cannot.
+
 Errors carry OpenAI's body (``inferlab.serve.errors``), with a 4xx status for a bad request and
 429/503 for overload.
 """
@@ -245,3 +249,45 @@ class ChatShape:
     def usage_chunk(self, cid, model, usage, created) -> dict:
         return {**self._head(cid, "chat.completion.chunk", model, created), "choices": [],
                 "usage": usage}
+
+
+class Detokenizer:
+    """Token ids in, text deltas out, cut at the first stop string.
+
+    The text so far is decoded whole each time (byte-level BPE may split a character across
+    tokens, shown as U+FFFD until its last byte arrives), and a tail that could still grow into a
+    stop string is held back until it cannot.
+    """
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.text = ""       # emitted so far
+        self.stopped = False  # a stop string matched
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        full = self.tokenizer.decode(self.ids)
+        cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            full, self.stopped, final = full[:cut], True, True
+        end = len(full)
+        if not final:
+            if full.endswith("\ufffd"):
+                return ""
+            for s in self.stops:  # the longest tail that is a proper start of a stop string
+                for k in range(min(len(s) - 1, len(full)), 0, -1):
+                    if full.endswith(s[:k]):
+                        end = min(end, len(full) - k)
+                        break
+        delta = full[len(self.text):end] if end > len(self.text) else ""
+        self.text += delta
+        return delta
