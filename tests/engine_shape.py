@@ -2,9 +2,13 @@
 
     PYTHONPATH=. python tests/engine_shape.py hotpath   # the functions a step runs, their lines
     PYTHONPATH=. python tests/engine_shape.py walk      # the modules one POST /v1/completions runs
+    PYTHONPATH=. python tests/engine_shape.py imports   # circles and arrows between the packages
 
-Both trace the code as it runs (``sys.setprofile``), so they count what executes, not what an
-import graph suggests.
+The first two trace the code as it runs (``sys.setprofile``), so they count what executes, not
+what an import graph suggests. ``imports`` reads every ``import`` of the package's modules (those
+inside functions and under ``TYPE_CHECKING`` too) and prints the circles among modules and the
+arrows between packages that the engine's floors forbid: ``serving/`` or ``model/`` importing
+``analysis/`` or ``sim/``, and ``analysis/`` and ``sim/`` importing each other.
 
 ``hotpath`` serves a small mixed trace on the tiny model twice, once with whole-prompt prefills
 (continuous batching) and once with chunked prefill under a token budget, and records every
@@ -221,7 +225,68 @@ def walk() -> int:
     return 0
 
 
+def imports() -> int:
+    import ast
+
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    circles, index, low, stack, on, counter = [], {}, {}, [], set(), [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v), on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            visit(v)
+
+    def package(m):
+        parts = m.split(".")
+        return parts[1] if len(parts) > 2 else m
+
+    arrows = {(package(a), package(b)) for a in edges for b in edges[a]}
+    forbidden = {(a, b) for a, b in arrows if (a in ("serving", "model") and b in
+                                                ("analysis", "sim"))}
+    if ("analysis", "sim") in arrows and ("sim", "analysis") in arrows:
+        forbidden |= {("analysis", "sim"), ("sim", "analysis")}
+    for c in circles:
+        print("circle:", " -> ".join(c))
+    for a, b in sorted(forbidden):
+        who = sorted(f"{x} -> {y}" for x in edges for y in edges[x]
+                     if package(x) == a and package(y) == b)
+        print(f"forbidden arrow {a}/ -> {b}/: " + "; ".join(who))
+    print(f"{len(circles)} circles, {len(forbidden)} forbidden arrows between packages")
+    return 0
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     what = sys.argv[1] if len(sys.argv) > 1 else "hotpath"
-    sys.exit({"hotpath": hotpath, "walk": walk}[what]())
+    sys.exit({"hotpath": hotpath, "walk": walk, "imports": imports}[what]())
