@@ -6,7 +6,8 @@ import math
 import pytest
 
 from check_contract import contract, stub
-from inferlab.analysis import agent_cost, chips, token_cost
+from inferlab.analysis import agent_cost, chips
+from inferlab.sim import token_cost
 from inferlab.course.checks import CheckFailed, lab08
 
 

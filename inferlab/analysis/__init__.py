@@ -17,9 +17,9 @@ and ``speculative_timing`` (its acceptance, costs and speed-up measured),
 (how many requests or KV blocks fit on a device), ``published`` (the numbers quoted from
 papers, with their sources), ``figures`` (the plotting habits and the check that keeps them),
 ``widgets`` and ``explore`` (the interactive calculators); and what a token costs:
-``prices`` (dated, sourced prices of devices and APIs), ``token_cost`` (dollars per million
-tokens from the roofline floor and from the steady-state simulator within an SLO),
-``cost_calculator`` (the calculator and its widget), ``agent_cost`` (an agent's task, with
-prefix caching), ``chips`` (HBM, TPU and SRAM-first chips: chips to hold a model, speed per
-user against throughput per chip).
+``prices`` (dated, sourced prices of devices and APIs, and dollars per million tokens from a
+price and a rate), ``agent_cost`` (an agent's task, with prefix caching), ``chips`` (HBM, TPU
+and SRAM-first chips: chips to hold a model, speed per user against throughput per chip). The simulated cost studies (``token_cost``, ``cost_limits``,
+``cost_calculator``, ``step_fit``) live in ``inferlab.sim``: they run the simulator, and this
+package imports nothing of it.
 """

@@ -33,9 +33,9 @@ import math
 from dataclasses import dataclass
 
 from inferlab.analysis.hardware import DeviceSpec
-from inferlab.analysis.prices import checked_row
-from inferlab.analysis.step_time import PRECISIONS, Precision, Shape, StepModel
-from inferlab.analysis.token_cost import kv_bytes_per_token, usd_per_million, weight_bytes
+from inferlab.analysis.prices import checked_row, usd_per_million
+from inferlab.analysis.step_time import (PRECISIONS, Precision, Shape, StepModel, kv_bytes_per_token,
+    weight_bytes)
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 

@@ -28,8 +28,7 @@ import math
 from dataclasses import dataclass, replace
 
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.analysis.step_time import Shape, StepModel, precision
-from inferlab.analysis.token_cost import kv_bytes_per_token, weight_bytes
+from inferlab.analysis.step_time import Shape, StepModel, kv_bytes_per_token, precision, weight_bytes
 from inferlab.model.config import ModelConfig
 
 ACCELERATORS = ("gpu", "tpu", "lpu", "wse")

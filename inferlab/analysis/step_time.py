@@ -50,6 +50,7 @@ import numpy as np
 from inferlab.analysis import formulas
 from inferlab.analysis.collectives import ExpertAllToAll, Link, all_reduce, ring_bytes
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
+from inferlab.model.config import ModelConfig
 
 ACTIVATION_BYTES = 2  # the all-reduced activations travel in 16-bit
 COMMUNICATION = ("collective", "dispatch", "combine")   # the kernels that use the link
@@ -93,6 +94,16 @@ def precision(p: "Precision | str") -> Precision:
         return Precision("fp32", 4, 4, "float32", "float32 throughout")
     raise ValueError(f"unknown precision {p!r}; choose one of {', '.join(PRECISIONS)} "
                      f"or {', '.join(_DTYPES)}")
+
+
+def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
+    """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
+    return formulas.weight_bytes(config, precision(prec).bytes_per_weight)
+
+
+def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
+    """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
+    return formulas.kv_bytes_per_token(config, precision(prec).bytes_per_kv)
 
 
 def link_bandwidth(name: str) -> float:

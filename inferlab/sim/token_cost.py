@@ -22,7 +22,7 @@ K/V number and the format of the arithmetic. A model too large for one device ru
 holds N times the memory and costs N times the price, and each layer's all-reduces cross the
 device's GPU link (the step-time model's collective kernel).
 
-``python -m inferlab.analysis.token_cost`` prints Chapter 8's cost table from the stored
+``python -m inferlab.sim.token_cost`` prints Chapter 8's cost table from the stored
 simulations (``data/simulations/ch08_costs.json``) and today's prices (``data/prices.csv``);
 ``--write`` recomputes the simulations (several minutes) and stores them.
 """
@@ -35,10 +35,12 @@ import json
 from dataclasses import asdict, dataclass
 
 from inferlab.analysis import formulas
-from inferlab.analysis.cost_limits import BatchLimit, batch_limit
+from inferlab.sim.cost_limits import BatchLimit, batch_limit
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
-from inferlab.analysis.step_time import PRECISIONS as _ALL, Precision, StepModel, precision
-from inferlab.analysis.prices import DevicePrice, device_price
+from inferlab.analysis.step_time import (PRECISIONS as _ALL, Precision, StepModel, kv_bytes_per_token,
+    precision, weight_bytes)
+from inferlab.analysis.prices import (DevicePrice, bandwidth_floor_usd_per_m, break_even_price,
+    device_price, usd_per_million)
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
@@ -48,29 +50,9 @@ from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_
     saturation_estimate, simulated)
 from inferlab.sim.workloads import Workload
 
-MILLION = 1e6
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
 # before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
 SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2))
-
-
-def usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
-    """Dollars per million tokens for a device at ``usd_per_hour`` serving ``tokens_per_s``."""
-    if usd_per_hour < 0 or tokens_per_s <= 0:
-        raise ValueError(f"need a price >= 0 and a positive rate, got {usd_per_hour}, "
-                         f"{tokens_per_s}")
-    return usd_per_hour / 3600 / tokens_per_s * MILLION
-
-
-def bandwidth_floor_usd_per_m(weight_bytes: float, kv_bytes_per_token: float, bandwidth: float,
-                              batch: int, context: int, usd_per_hour: float) -> float:
-    """Dollars per million output tokens when decode runs at the bandwidth floor.
-
-    A step of ``batch`` sequences of ``context`` tokens reads the weights once and every
-    sequence's K/V: (W + batch x context x KV) / bandwidth seconds for ``batch`` tokens.
-    """
-    step = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
-    return usd_per_million(usd_per_hour, batch / step)
 
 
 def window_costs(window: Window, usd_per_hour: float) -> tuple[float, float]:
@@ -82,25 +64,9 @@ def window_costs(window: Window, usd_per_hour: float) -> tuple[float, float]:
             usd_per_million(usd_per_hour * window.decode_s / busy, window.achieved_out_tok_s))
 
 
-def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
-                     slow_tokens_per_s: float) -> float:
-    """The hourly price at which the slower device's tokens cost what the faster one's do."""
-    return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s
-
-
 # The precisions the calculator and Chapter 8 price (``inferlab.analysis.step_time`` has more).
 PRECISIONS = {name: _ALL[name] for name in
               ("bf16", "int8 weights", "int4 weights", "fp8 weights and KV")}
-
-
-def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
-    """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
-    return formulas.weight_bytes(config, precision(prec).bytes_per_weight)
-
-
-def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
-    """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
-    return formulas.kv_bytes_per_token(config, precision(prec).bytes_per_kv)
 
 
 KV_SHARE = 0.4  # the least share of a device group's memory left for the KV cache
@@ -216,7 +182,7 @@ class CostCase:
         return config.num_blocks * config.block_size // (self.prompt + self.output)
 
     def limit(self, capacity: SLOCapacity) -> BatchLimit:
-        """What held the batch down in ``capacity`` (``inferlab.analysis.cost_limits``)."""
+        """What held the batch down in ``capacity`` (``inferlab.sim.cost_limits``)."""
         return batch_limit(capacity, self.max_batch, self.fits(), self.ttft_s, self.tpot_s)
 
     @property
@@ -288,7 +254,7 @@ def write(cases=None, progress=print, jobs: int = 1) -> dict:
 
     from inferlab.measurements import git_commit
 
-    record = {"provenance": {"command": "python -m inferlab.analysis.token_cost --write",
+    record = {"provenance": {"command": "python -m inferlab.sim.token_cost --write",
                              "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
               "cases": []}
     cases = list(cases or chapter_cases())
@@ -329,7 +295,7 @@ def stored_capacity(case: CostCase) -> SLOCapacity:
     table = stored()
     if case_key(case) not in table:
         raise KeyError(f"{case} is not in data/simulations/{NAME}: add it to chapter_cases() "
-                       "and run python -m inferlab.analysis.token_cost --write")
+                       "and run python -m inferlab.sim.token_cost --write")
     return table[case_key(case)][1]
 
 
