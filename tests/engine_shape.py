@@ -13,7 +13,8 @@ arrows between packages that the engine's floors forbid: ``serving/`` or ``model
 ``hotpath`` serves a small mixed trace on the tiny model twice, once with whole-prompt prefills
 (continuous batching) and once with chunked prefill under a token budget, and records every
 Python function of ``inferlab`` (the model's modules, ``inferlab/model/``, excepted: "plus the
-model") that runs inside a step of the loop, i.e. between entering and leaving the loop's
+model"; but ``inferlab/model/sampling.py`` counts, since the engine's sampler lives there, shared
+with the labs' generation loops) that runs inside a step of the loop, i.e. between entering and leaving the loop's
 ``step`` method. The per-step path is the functions that run in at least ``SHARE`` (3/4) of
 a run's steps, in either run: what every step of a busy engine runs (the first steps prefill
 without decoding, the last ones only decode; an admission or a retirement runs in fewer).
@@ -113,6 +114,7 @@ def _trace_steps(run) -> dict:
     """Run ``run()`` and return {code: steps it ran in} for inferlab's functions (the model's
     excepted) called inside the loop's ``step``."""
     model_dir = PACKAGE / "model"
+    sampler = model_dir / "sampling.py"  # the engine's sampler: counted, though under model/
     serving = PACKAGE / "serving"
     seen: dict = defaultdict(int)
     depth = [0]
@@ -129,7 +131,8 @@ def _trace_steps(run) -> dict:
                 if depth[0] == 1:
                     current.clear()
             if depth[0] and _inside(code.co_filename, PACKAGE) \
-                    and not _inside(code.co_filename, model_dir):
+                    and (not _inside(code.co_filename, model_dir)
+                         or _RESOLVED[code.co_filename] == sampler):
                 current.add(code)
         elif is_step:
             depth[0] -= 1
@@ -180,7 +183,8 @@ def hotpath() -> int:
         print(f"{a:4d} {b:4d}  {path}:{name}")
     files = {r[0] for r in rows}
     print(f"{sum(r[2] for r in rows)} lines ({sum(r[3] for r in rows)} without docstrings) in "
-          f"{len(rows)} functions in {len(files)} files (the model's modules not counted)")
+          f"{len(rows)} functions in {len(files)} files (the model's modules not counted, its "
+          f"sampler counted)")
     return 0
 
 

@@ -70,16 +70,10 @@ def truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
 def sample(logits: torch.Tensor, temperatures: torch.Tensor,
            generators: list[torch.Generator | None], top_k: torch.Tensor | None = None,
            top_p: torch.Tensor | None = None) -> list[int]:
-    """One token per row of ``logits`` (n, V), computed on the logits' device.
-
-    ``temperatures`` (n,) holds each row's temperature (best kept on the CPU, where it was
-    built: which rows are greedy is read from it); ``generators[i]`` is row i's random stream on
-    the logits' device, or None for a row that must not draw (it is then greedy, whatever its
-    temperature). ``top_k`` (n,) (0: off) and ``top_p`` (n,) (1: off) narrow a sampled row's
-    choice (``truncate``); they do not change a greedy row's.
-    Raises ``ValueError`` only if some logits are not finite (a model fault, not a request's:
-    the engine then ends the rows' requests with that error).
-    """
+    """One token per row of ``logits`` (n, V), as the module says: ``temperatures`` (n,) on the
+    host; ``generators[i]`` row i's stream on the logits' device, None for a row that must not
+    draw; ``top_k`` (n,) (0: off), ``top_p`` (n,) (1: off). Raises ``ValueError`` if some logits
+    are not finite (a model fault: the engine ends those rows' requests with it)."""
     n = logits.shape[0]
     if temperatures.shape != (n,) or len(generators) != n:
         raise ValueError(f"{n} rows of logits, {tuple(temperatures.shape)} temperatures and "

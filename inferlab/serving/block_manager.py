@@ -146,6 +146,14 @@ class BlockTable:
         return (n_new > 0 and self.num_tokens % self.block_size != 0
                 and self.allocator.refcount(self.blocks[-1]) > 1)
 
+    def _copy_on_write(self) -> None:
+        """Take a private copy of the shared last block (the copy itself is queued on the
+        allocator, ``pending_copies``, for whoever owns the pool's tensors to make)."""
+        source, copy = self.blocks[-1], self.allocator.allocate()
+        self.allocator.pending_copies.append((source, copy))
+        self.allocator.free(source)  # still owned by the others, so it is not reused yet
+        self.blocks[-1] = copy
+
     def _fits_in_place(self, n_new: int) -> bool:
         """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
         return (self.num_tokens % self.block_size != 0
@@ -171,11 +179,8 @@ class BlockTable:
         if not self.allocator.can_allocate(needed):
             raise OutOfBlocksError(f"appending {n_new} tokens needs {needed} free blocks but "
                                    f"only {self.allocator.num_free} are free")
-        if self._needs_copy(n_new):  # copy-on-write: take a private copy of the shared block
-            source, copy = self.blocks[-1], self.allocator.allocate()
-            self.allocator.pending_copies.append((source, copy))
-            self.allocator.free(source)  # still owned by the others, so it is not reused yet
-            self.blocks[-1] = copy
+        if self._needs_copy(n_new):  # only after a fork: the last block is shared
+            self._copy_on_write()
         while len(self.blocks) * self.block_size < self.num_tokens + n_new:
             self.blocks.append(self.allocator.allocate())
         self.num_tokens += n_new

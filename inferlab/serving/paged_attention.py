@@ -89,9 +89,31 @@ class RaggedMetadata:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor | None = None) -> torch.Tensor:
         """The model's call at every layer: write k, v (1, K, N, D) into the pool at the new
-        tokens' slots and attend q (1, H, N, D) row by row: (1, H, N, D)."""
+        tokens' slots and attend q (1, H, N, D) by segment: (1, H, N, D)."""
         k, v, k_pool, v_pool = self.pool.write(layer, self, k, v)
-        return attend(self, q, k, v, k_pool, v_pool, self.pool.buffers)
+        H, K, d = q.shape[1], k.shape[1], self.decode_rows
+        out = torch.empty_like(q)
+        if d:  # the leading one-token rows together, each reading its blocks in place
+            qd = q[0, :, :d].transpose(0, 1).unsqueeze(2)  # (d, H, 1, D)
+            if self.fused:
+                from inferlab.serving.paged_triton import paged_decode_attention
+                od = paged_decode_attention(qd.contiguous(), k_pool, v_pool, self.decode_tables,
+                                            self.decode_context)
+            else:
+                od = paged_decode(qd, k_pool, v_pool, self.key_rows, self.value_rows,
+                                  self.decode_mask)
+            out[0, :, :d] = od[:, :, 0].transpose(0, 1)
+        for seg in self.segments:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            if seg.tiles is None:  # the sequence starts here: attend its own new tokens
+                out[:, :, rows] = F.scaled_dot_product_attention(
+                    q[:, :, rows], k[:, :, rows], v[:, :, rows], is_causal=seg.length > 1,
+                    enable_gqa=H != K)
+            else:  # continue a cached prompt: its blocks, the causal mask shifted by the cache
+                k_all, v_all = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
+                out[:, :, rows] = F.scaled_dot_product_attention(
+                    q[:, :, rows], k_all, v_all, attn_mask=seg.mask, enable_gqa=H != K)
+        return out
 
 
 def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
@@ -156,36 +178,6 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
                           decode_tables, dec_context if d else None, key_rows, value_rows,
                           decode_mask, tuple(segments), fused)
     return ids.view(1, -1), pos.view(1, -1), meta
-
-
-def attend(meta: RaggedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           k_pool: torch.Tensor, v_pool: torch.Tensor, buffers: dict) -> torch.Tensor:
-    """Attention of the packed row's queries q (1, H, N, D) by segment: (1, H, N, D). ``k``, ``v``
-    (1, K, N, D): the new tokens', already written to one layer's ``k_pool``, ``v_pool``."""
-    H, K = q.shape[1], k.shape[1]
-    out = torch.empty_like(q)
-    d = meta.decode_rows
-    if d:
-        qd = q[0, :, :d].transpose(0, 1).unsqueeze(2)  # (d, H, 1, D)
-        if meta.fused:
-            from inferlab.serving.paged_triton import paged_decode_attention
-            od = paged_decode_attention(qd.contiguous(), k_pool, v_pool, meta.decode_tables,
-                                        meta.decode_context)
-        else:
-            od = paged_decode(qd, k_pool, v_pool, meta.key_rows, meta.value_rows,
-                              meta.decode_mask)
-        out[0, :, :d] = od[:, :, 0].transpose(0, 1)
-    for seg in meta.segments:
-        rows = slice(seg.offset, seg.offset + seg.length)
-        if seg.tiles is None:  # the sequence starts here: attend its own new tokens
-            out[:, :, rows] = F.scaled_dot_product_attention(
-                q[:, :, rows], k[:, :, rows], v[:, :, rows], is_causal=seg.length > 1,
-                enable_gqa=H != K)
-        else:  # continue a cached prompt: its blocks, the causal mask shifted by the cache
-            k_all, v_all = gather_blocks(k_pool, v_pool, seg.tiles, 1, buffers)
-            out[:, :, rows] = F.scaled_dot_product_attention(
-                q[:, :, rows], k_all, v_all, attn_mask=seg.mask, enable_gqa=H != K)
-    return out
 
 
 def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:

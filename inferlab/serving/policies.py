@@ -120,10 +120,8 @@ def _span(seq: Sequence, n: int, emits: bool) -> Span:
 
 
 def _schedule_decodes(sched, step: Step, skip_prefilling: bool = False) -> None:
-    """Give every running sequence a slot for its next token, oldest first; when the pool is
-    empty, preempt the latest arrival (possibly the sequence itself) until the slot fits. Both
-    policies begin a step this way; the chunked one skips sequences whose prompt is not yet
-    computed (``skip_prefilling``), since those get prefill work, not a decode."""
+    """Give every running sequence (but a prefilling one, with ``skip_prefilling``) a slot for
+    its next token, oldest first, preempting the latest arrival until the slot fits."""
     for seq in list(sched.running):  # oldest first; the list changes as we preempt
         if seq.status is not Status.RUNNING:  # preempted earlier in this loop
             continue

@@ -46,11 +46,10 @@ class ModelRunner(Runner):
         """``seq``'s random stream on the pool's device (on a GPU: seeded from its own)."""
         if seq.generator is None or self.device.type == "cpu":
             return seq.generator
-        gen = self._generators.get(seq)
-        if gen is None:
-            gen = torch.Generator(self.device).manual_seed(seq.generator.initial_seed())
-            self._generators[seq] = gen
-        return gen
+        if seq not in self._generators:
+            self._generators[seq] = torch.Generator(self.device).manual_seed(
+                seq.generator.initial_seed())
+        return self._generators[seq]
 
     @torch.inference_mode()
     def forward(self, rows: list[Span]) -> list[int]:

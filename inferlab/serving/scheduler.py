@@ -113,9 +113,8 @@ class Scheduler:
         return seq.table.can_append(1) or self.memory.make_room(seq.table.blocks_needed(1))
 
     def is_prefilling(self, seq: Sequence) -> bool:
-        """Whether a running ``seq`` still has prompt tokens to compute (a chunked prompt):
-        admission gave it slots for all its tokens, and not all of them hold K/V yet. A running
-        sequence that is not prefilling is decoding: it needs a slot for its newest token."""
+        """Whether a running ``seq`` has slots whose K/V are not computed yet (a chunked prompt);
+        if not, it is decoding."""
         return seq.num_computed < seq.table.num_tokens
 
     @property
