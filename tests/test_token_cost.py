@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from inferlab.analysis import token_cost as tc
+from inferlab.sim import token_cost as tc
 from inferlab.sim.cost_calculator import calculate, plot_calculation
 from inferlab.analysis.figures import figure_problems
 from inferlab.analysis.hardware import get_device_spec
