@@ -5,12 +5,16 @@ data-centre GPU. ``choose_profile()`` looks at the machine and returns a ``Profi
 the labs and the benchmarks read their sizes from (``serving`` for Chapter 4's experiment,
 ``attention`` for Chapter 3's kernel timing); set the environment variable ``INFERLAB_PROFILE``
 to one of ``PROFILES`` to force a choice (tests use ``cpu``). ``free_memory_bytes`` says how
-much memory a device has free now, for sizing a KV pool.
+much memory a device has free now, for sizing a KV pool. ``DeviceInfo`` describes the device a
+measurement ran on (``inferlab.analysis.hardware.detect_device`` adds its row of the hardware
+table), for the record it carries.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
+import platform
 from dataclasses import dataclass, replace
 
 import torch
@@ -207,3 +211,50 @@ def bytes_per_element(dtype: str | torch.dtype) -> int:
     if name in _STORAGE_BYTES:
         return _STORAGE_BYTES[name]
     return torch.empty((), dtype=parse_dtype(dtype)).element_size()
+
+
+def element_bytes(dtype) -> float:
+    """Bytes per number: a dtype's name (or torch dtype), or a number of bytes itself (0.5 for
+    4-bit weights), so that quantized formats go through the same formulas."""
+    if isinstance(dtype, (int, float)) and not isinstance(dtype, bool):
+        if dtype <= 0:
+            raise ValueError(f"bytes per element must be > 0, got {dtype}")
+        return dtype
+    return bytes_per_element(dtype)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device torch is using, its table row if it has one, and the software around it."""
+
+    device: str                 # "cpu" or "cuda"
+    name: str                   # e.g. "NVIDIA H200" or the CPU's model name
+    spec: object | None         # its row of the hardware table (``DeviceSpec``), if it has one
+    torch_version: str
+    cuda_version: str | None
+    threads: int
+
+    @classmethod
+    def of(cls, device: str, name: str, spec=None) -> "DeviceInfo":
+        """``device`` called ``name`` (with its table row ``spec``), as torch runs it now."""
+        return cls(device, name, spec, torch.__version__, torch.version.cuda,
+                   torch.get_num_threads())
+
+    def provenance(self) -> dict:
+        """What a measurement must carry: device, software versions and today's date."""
+        return {"device": self.device, "device_name": self.name,
+                "table_row": self.spec.name if self.spec else None,
+                "torch": self.torch_version, "cuda": self.cuda_version,
+                "threads": self.threads, "date": _dt.date.today().isoformat()}

@@ -94,3 +94,24 @@ def random_requests(data, max_prompt: int = 24, max_new: int = 24, n=(1, 10)) ->
                                      generator=torch.Generator().manual_seed(seed)).tolist())
         out.append(Request(prompt, data.draw(st.integers(1, max_new), label="new"), t, f"r{i}"))
     return out
+
+
+def sequence(seq_id: int, prompt, max_new_tokens: int, arrival_s: float = 0.0, **fields):
+    """The engine's ``Sequence`` of a plain greedy request (``fields``: its ``output``,
+    ``num_computed``, ...)."""
+    from inferlab.serving.request import Request, Sequence
+
+    return Sequence(seq_id, Request(tuple(prompt), max_new_tokens, arrival_s), **fields)
+
+
+def run_loop(loop, requests) -> list:
+    """Serve ``requests`` on ``loop`` (a ``StepLoop``) to the end, as ``StepLoop.run`` does;
+    the sequences, in the order they finished."""
+    from inferlab.serving.request import Sequence
+
+    for i, request in enumerate(requests):
+        loop.submit(Sequence(i, request))
+    finished = []
+    while not loop.done:
+        finished += loop.step()
+    return finished

@@ -20,13 +20,14 @@ from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
 from inferlab.serving.loop import StepLoop, VirtualClock
+from inferlab.serving.paged_attention import prepare
 from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked_policy
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, chunk_pairs, simulate
 
-from conftest import alone, random_requests, tiny_model
+from conftest import alone, random_requests, run_loop, sequence, tiny_model
 
 
 def model():  # float64, so that batching and chunking never flip a greedy choice
@@ -84,19 +85,19 @@ class ChunkRunner:
         self.sched, self.clock = sched, clock
 
     def forward(self, rows):
-        d = next((i for i, (s, n) in enumerate(rows) if not s.is_decode_row(n)), len(rows))
-        decodes, chunks = [s for s, _ in rows[:d]], rows[d:]  # the loop puts decodes first
+        d = next((i for i, r in enumerate(rows) if r.prefill), len(rows))
+        decodes, chunks = [r.seq for r in rows[:d]], rows[d:]  # the loop puts decodes first
         sched = self.sched
-        assert len(decodes) + sum(n for _, n in chunks) <= sched.token_budget
+        assert len(decodes) + sum(r.new for r in chunks) <= sched.token_budget
         decoding = [s for s in sched.running if not sched.is_prefilling(s) or s in decodes]
         assert {id(s) for s in decoding} >= {id(s) for s in decodes}
-        for seq, n in chunks:
+        for seq, n, *_ in chunks:
             assert 0 < n <= seq.num_uncomputed and seq.table.num_tokens == seq.num_tokens
         held = [b for s in sched.running for b in s.table.blocks]
         assert len(held) == len(set(held)) and len(held) + sched.memory.num_free == \
             sched.memory.num_blocks
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s, _ in rows]
+        return [len(r.seq.output) + 1 for r in rows]
 
 
 @given(st.data(), st.sampled_from([1, 2, 4]), st.integers(1, 6))
@@ -108,24 +109,24 @@ def test_chunked_scheduler_invariants_under_random_traces(data, block_size, max_
     num_blocks = data.draw(st.integers(need, 3 * need), label="num_blocks")
     budget = data.draw(st.integers(max_batch, 4 * max_batch + 8), label="token_budget")
     sched = Scheduler(ServingConfig(block_size=block_size, num_blocks=num_blocks,
-                                    max_batch=max_batch, policy="chunked", token_budget=budget))
+                                    max_batch=max_batch, policy="chunked", token_budget=budget),
+                      check=True)
     clock = VirtualClock()
     loop = StepLoop(sched, ChunkRunner(sched, clock), clock)
-    loop.run(requests)
-    stamps = loop.stamps
+    finished = run_loop(loop, requests)
     event("preempted" if sched.num_preemptions else "no preemption")
-    assert sorted(s.seq_id for s in sched.finished) == list(range(len(requests)))
-    for seq in sched.finished:
+    assert sorted(s.seq_id for s in finished) == list(range(len(requests)))
+    for seq in finished:
         assert seq.output == list(range(1, seq.max_new_tokens + 1))
-        assert len(stamps[seq.seq_id]) == seq.max_new_tokens
+        assert len(seq.token_times) == seq.max_new_tokens
     assert sched.memory.num_free == num_blocks, "blocks leaked"
 
 
 def test_chunked_policy_rules_one_by_one():
     sched = Scheduler(ServingConfig(block_size=4, num_blocks=100, max_batch=4,
                                     policy="chunked", token_budget=10))
-    a = Sequence(0, tuple(range(1, 5)), 5, 0.0)
-    b = Sequence(1, tuple(range(1, 31)), 2, 1.0)
+    a = sequence(0, range(1, 5), 5, 0.0)
+    b = sequence(1, range(1, 31), 2, 1.0)
     sched.add(a), sched.add(b)
     step = sched.schedule()
     assert step.prefills == [a, b] and step.chunks == {b: 6} and step.num_tokens == 10
@@ -147,7 +148,7 @@ def test_chunked_policy_rules_one_by_one():
 def test_chunked_steps_that_break_the_rules_are_stopped(make, message):
     sched = Scheduler(ServingConfig(block_size=4, num_blocks=100, max_batch=4,
                                     policy=make, token_budget=10))
-    sched.add(Sequence(0, tuple(range(1, 41)), 2, 0.0))
+    sched.add(sequence(0, range(1, 41), 2, 0.0))
     with pytest.raises(SchedulingError, match=message):
         sched.schedule()
 
@@ -169,7 +170,7 @@ def test_chunks_need_a_token_budget():
         return step
 
     sched = Scheduler(ServingConfig(block_size=4, num_blocks=10, policy=chunks_without_budget))
-    sched.add(Sequence(0, (1, 2, 3, 4, 5), 2, 0.0))
+    sched.add(sequence(0, (1, 2, 3, 4, 5), 2, 0.0))
     with pytest.raises(SchedulingError, match="needs config.token_budget"):
         sched.schedule()
 
@@ -206,12 +207,11 @@ def test_packed_attention_equals_contiguous_attention(rows):
         tables.append(table), keys.append(k), values.append(v)
         qs.append(torch.randn(1, H, new, D, dtype=torch.float64))
         starts.append(cached), tokens.append([0] * new)
-    _, _, meta = cache.prepare(tables, tokens, starts)
-    cache.bind(tables, meta)
+    _, _, meta = prepare(tables, tokens, starts, cache)
     q = torch.cat(qs, dim=2)
     k_new = torch.cat([k[:, :, c:] for k, (c, _) in zip(keys, rows)], dim=2)
     v_new = torch.cat([v[:, :, c:] for v, (c, _) in zip(values, rows)], dim=2)
-    out = cache.attend(0, q, k_new, v_new, None)
+    out = meta.attend(0, q, k_new, v_new)
     offset = 0
     for (cached, new), q_b, k, v in zip(rows, qs, keys, values):
         key_pos = torch.arange(cached + new)
@@ -235,7 +235,7 @@ def test_a_packed_forward_refuses_positions_beyond_the_table():
     table = cache.new_table()
     table.append(3)
     with pytest.raises(ValueError, match="append to the table first"):
-        cache.prepare([table], [[1, 2]], [2])
+        prepare([table], [[1, 2]], [2], cache)
 
 
 # -- cost models and the simulator --------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_simulated_chunking_bounds_the_stall_a_long_prompt_causes():
 def test_waiting_sequences_see_unchanged_status():
     sched = Scheduler(ServingConfig(block_size=4, num_blocks=3, max_batch=2, policy="chunked",
                                     token_budget=4))
-    a, b = Sequence(0, tuple(range(1, 9)), 4, 0.0), Sequence(1, tuple(range(1, 5)), 4, 1.0)
+    a, b = sequence(0, range(1, 9), 4, 0.0), sequence(1, range(1, 5), 4, 1.0)
     sched.add(a), sched.add(b)
     step = sched.schedule()  # a takes 2 of the 3 blocks and the whole budget
     assert step.prefills == [a] and step.chunks == {a: 4} and b.status is Status.WAITING

@@ -9,7 +9,8 @@ import torch
 from inferlab.model.generate import generate
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
-from inferlab.serving.request import InvalidRequestError, Request, validate_request
+from inferlab.serving.request import Request
+from inferlab.serving.validate import InvalidRequestError, validate_request
 
 from conftest import tiny_model
 
@@ -160,12 +161,12 @@ def test_the_pool_is_sized_from_the_requests_that_can_run():
 
 
 def test_the_pool_never_exceeds_what_the_device_holds(monkeypatch):
-    from inferlab.serving import engine as engine_module
+    from inferlab.serving import paged_cache
 
-    block = engine_module.block_bytes(model(), 4)
-    monkeypatch.setattr(engine_module, "free_memory_bytes", lambda device: 10 * block)
+    block = paged_cache.block_bytes(model(), 4)
+    monkeypatch.setattr(paged_cache, "free_memory_bytes", lambda device: 10 * block)
     fits, too_long = Request(prompt(5), 6), Request(prompt(30), 20)  # 3 and 13 blocks of 4
     run = serve(model(), [fits, too_long], ServingConfig(block_size=4, max_batch=8))
-    assert run.config.num_blocks == int(10 * block * engine_module.POOL_MEMORY_FRACTION) // block
+    assert run.config.num_blocks == int(10 * block * paged_cache.POOL_MEMORY_FRACTION) // block
     assert run.results[0].ok
     assert not run.results[1].ok and "KV blocks" in run.results[1].error

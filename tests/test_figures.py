@@ -14,7 +14,7 @@ from inferlab.analysis.capacity import plot_capacity  # noqa: E402
 from inferlab.analysis.explore import plot_explorer  # noqa: E402
 from inferlab.analysis.figures import figure_problems, legend_outside, plain_log_ticks  # noqa: E402
 from inferlab.analysis.roofline import Roof, plot_roofline  # noqa: E402
-from inferlab.serving.loop import Forward, Iteration, Row  # noqa: E402
+from inferlab.serving.iteration import Forward, Iteration, Row  # noqa: E402
 from inferlab.sim.plots import plot_latency_throughput, plot_timeline  # noqa: E402
 
 

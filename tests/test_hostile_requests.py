@@ -13,13 +13,13 @@ from inferlab.model.generate import generate
 from inferlab.model.kv_cache import Int8KVCache
 from inferlab.model.llama import build_model
 from inferlab.model.quant import int8_weight_only
-from inferlab.serving import engine as engine_module
+from inferlab.model.sampling import GREEDY_BELOW, sample, truncate
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
 from inferlab.serving.online import OnlineEngine
-from inferlab.serving.request import (SEED_MAX, SEED_MIN, InvalidRequestError, Request, Sequence,
-                                      validate_request)
-from inferlab.serving.sampling import GREEDY_BELOW, DeviceGenerators, sample, truncate
+from inferlab.serving.paged_cache import block_bytes
+from inferlab.serving.request import Request, Sequence
+from inferlab.serving.validate import SEED_MAX, SEED_MIN, InvalidRequestError, validate_request
 
 from conftest import tiny_model
 
@@ -95,8 +95,8 @@ def test_serve_runs_an_int8_quantized_model_with_its_default_pool():
         assert result.ok, result.error
         assert list(result.tokens) == generate(q, torch.tensor(request.prompt), 6)[0, 9:].tolist()
     c = q.config
-    assert engine_module.block_bytes(q, 16) == 2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 4
-    assert engine_module.block_bytes(q, 16) == \
+    assert block_bytes(q, 16) == 2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 4
+    assert block_bytes(q, 16) == \
         Engine(q, ServingConfig(num_blocks=1)).cache.nbytes  # one block: what the pool holds
 
 
@@ -132,10 +132,10 @@ def test_serve_with_an_int8_kv_cache_equals_chapter_5s_int8_cache(config):
 def test_an_int8_kv_pool_is_sized_by_its_own_bytes():
     int8, plain = ServingConfig(kv_cache_dtype="int8"), ServingConfig()
     c = model().config
-    per_block = engine_module.block_bytes(model(), 16, int8)
+    per_block = block_bytes(model(), 16, int8)
     assert per_block == 2 * c.n_layers * 16 * c.n_kv_heads * (c.head_dim + 4)  # codes + scale
     assert per_block == Engine(model(), int8.replace(num_blocks=1)).cache.nbytes
-    assert engine_module.block_bytes(model(), 16, plain) == \
+    assert block_bytes(model(), 16, plain) == \
         2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 8  # float64
     run = serve(model(), INT8_SENSITIVE[:2], int8)  # the pool serve() sizes itself
     assert [r.tokens for r in run.results] == [alone_int8(r) for r in INT8_SENSITIVE[:2]]
@@ -177,7 +177,7 @@ def test_every_field_is_checked_and_named(change, field):
 def test_every_accepted_seed_seeds_a_generator(seed):
     request = Request((1, 2, 3), 3, temperature=1.0, seed=seed)
     validate_request(request, model().config)
-    assert Sequence.of(0, request).generator is not None
+    assert Sequence(0, request).generator is not None
 
 
 def test_sampling_never_gives_nan_for_any_accepted_temperature():
@@ -210,9 +210,10 @@ def test_a_faulty_row_is_refused_even_beside_sampled_rows():
 
 
 def test_on_the_cpu_a_sequence_draws_from_its_own_generator():
-    seq = Sequence.of(0, Request((1, 2, 3), 3, temperature=1.0, seed=7))
-    assert DeviceGenerators("cpu")(seq) is seq.generator
-    assert DeviceGenerators("cpu")(Sequence.of(1, Request((1, 2), 3))) is None
+    seq = Sequence(0, Request((1, 2, 3), 3, temperature=1.0, seed=7))
+    runner = Engine(model(), ServingConfig(num_blocks=4)).runner
+    assert runner.generator(seq) is seq.generator
+    assert runner.generator(Sequence(1, Request((1, 2), 3))) is None
 
 
 def test_top_k_and_top_p_sample_among_the_likeliest_tokens_only():
@@ -336,38 +337,30 @@ def inject(eng, stage, monkeypatch):
             return real(seq, *args)
         return wrapper
 
-    if stage == "admission":  # making the engine's sequence out of the request
-        real_of = Sequence.of.__func__
-
-        def failing_of(cls, seq_id, request, **kwargs):
-            if request.prompt == MARKED.prompt:
-                fired.append(True)
-                raise RuntimeError(f"injected into {stage}")
-            return real_of(cls, seq_id, request, **kwargs)
-        monkeypatch.setattr(Sequence, "of", classmethod(failing_of))
+    if stage == "admission":  # handing the request's sequence over to the loop
+        eng.engine.submit = for_marked(eng.engine.submit)
     elif stage == "arrival":  # the scheduler taking it into its waiting queue
         eng.scheduler.add = for_marked(eng.scheduler.add)
     elif stage == "scheduling":  # the policy admitting it, halfway through a step
         eng.scheduler.admit = for_marked(eng.scheduler.admit)
     elif stage in ("prefill", "decode batch", "chunked forward"):  # the runner's one forward
-        real = eng.loop.runner.forward
+        real = eng.engine.runner.forward
 
         def kind(rows):  # which forward of a step these rows are
-            if eng.loop.chunked:
+            if eng.config.chunked:
                 return "chunked forward"
-            decoding = all(s.is_decode_row(n) for s, n in rows)
-            return "decode batch" if decoding else "prefill"
+            return "prefill" if any(r.prefill for r in rows) else "decode batch"
 
         def always(rows):  # every prefill of the marked request fails
             fired.append(True)
             raise RuntimeError(f"injected into {stage}")
 
         failing = always if stage == "prefill" else once(real)
-        eng.loop.runner.forward = lambda rows: (
-            failing(rows) if kind(rows) == stage and any(is_marked(s) for s, _ in rows)
+        eng.engine.runner.forward = lambda rows: (
+            failing(rows) if kind(rows) == stage and any(is_marked(r.seq) for r in rows)
             else real(rows))
     elif stage == "sampling":  # the model's logits turn NaN for the marked request's rows
-        real = eng.loop.runner.model.forward
+        real = eng.engine.runner.model.forward
 
         def nan_for_marked(ids, positions, cache, **kw):
             out = real(ids, positions, cache, **kw)
@@ -377,7 +370,7 @@ def inject(eng, stage, monkeypatch):
                 out = out.clone()
                 out[:, rows] = float("nan")  # (1, rows, V): one packed forward
             return out
-        eng.loop.runner.model = _Wrapped(eng.loop.runner.model, nan_for_marked)
+        eng.engine.runner.model = _Wrapped(eng.engine.runner.model, nan_for_marked)
     return fired
 
 

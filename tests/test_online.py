@@ -10,7 +10,8 @@ import torch
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
 from inferlab.serving.online import EngineClosedError, OnlineEngine
-from inferlab.serving.request import InvalidRequestError, Request
+from inferlab.serving.request import Request
+from inferlab.serving.validate import InvalidRequestError
 
 from conftest import tiny_model
 
@@ -135,7 +136,7 @@ def test_a_crashed_loop_ends_every_stream_and_says_so():
 
     def boom(*args):
         raise RuntimeError("the device fell over")
-    eng.loop.step = boom
+    eng.engine.step = boom
     stream = eng.submit(requests(1)[0])
     assert stream.result() == [] and stream.finished.reason == "error"
     eng._thread.join(5)
@@ -151,16 +152,16 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
     a = engine.submit(Request(first.prompt, 40))  # no EOS: it keeps decoding
     next(iter(a))  # a is running: from now on every step has a decode batch
     entered, go, holding = threading.Semaphore(0), threading.Semaphore(0), [True]
-    real_forward = engine.loop.runner.forward
+    real_forward = engine.engine.runner.forward
 
     def held_decode(rows):
-        decoding = all(s.is_decode_row(n) for s, n in rows)
+        decoding = not any(r.prefill for r in rows)
         if holding[0] and decoding:  # the decode batch, not a prefill
             entered.release()
             assert go.acquire(timeout=10), "the test never let the decode batch go"
         return real_forward(rows)
 
-    engine.loop.runner.forward = held_decode
+    engine.engine.runner.forward = held_decode
     try:
         assert entered.acquire(timeout=10)  # a step is in a's decode batch
         b = engine.submit(second)           # admitted at the next step
@@ -173,4 +174,4 @@ def test_a_prefill_token_streams_before_the_step_s_decode_batch(engine):
         holding[0] = False
         for _ in range(4):
             go.release()
-        engine.loop.runner.forward = real_forward
+        engine.engine.runner.forward = real_forward

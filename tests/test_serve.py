@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from course_server import NAME, model_and_tokenizer, start
-from inferlab.serve.app import Detokenizer
+from inferlab.serve.protocol import Detokenizer
 from inferlab.serve.tenants import Tenants
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve

@@ -99,7 +99,11 @@ def test_roles_change_the_prompt(server):
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ({"prompt": "x"}, "prompt"),
     ({"temperature": 3.0}, "temperature"),
-    ({"max_completion_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),  # the field as it was sent
+    ({"max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_completion_tokens": "many"}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "many words " * 600}]}, "messages"),
 ])
 def test_what_it_cannot_serve_is_refused_by_name(server, change, param):
     srv, _ = server

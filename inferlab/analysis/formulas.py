@@ -20,21 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from inferlab.device import bytes_per_element
+# Two formulas live below the model and the engine, which use them too; they are the book's
+# formulas all the same, and keep their names here.
+from inferlab.device import element_bytes
+from inferlab.model.config import kv_bytes_per_token  # noqa: F401
 from inferlab.validation import positive
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferlab.model.config import ModelConfig
-
-
-def element_bytes(dtype) -> float:
-    """Bytes per number: a dtype's name (or torch dtype), or a number of bytes itself (0.5 for
-    4-bit weights), so that quantized formats go through the same formulas."""
-    if isinstance(dtype, (int, float)) and not isinstance(dtype, bool):
-        if dtype <= 0:
-            raise ValueError(f"bytes per element must be > 0, got {dtype}")
-        return dtype
-    return bytes_per_element(dtype)
 
 
 def param_count(config: "ModelConfig", include_embeddings: bool = True) -> int:
@@ -124,13 +117,6 @@ def flops_per_token(config: "ModelConfig", context: int = 0) -> int:
     attended = kv_tokens_held(config, context)
     attention = 4 * config.n_layers * config.n_heads * config.head_dim * attended
     return 2 * matmul_params + attention
-
-
-def kv_bytes_per_token(config: "ModelConfig", dtype="bfloat16") -> int:
-    """KV-cache bytes one token occupies: 2 (K and V) x layers x KV heads x head_dim x bytes.
-
-    The course's one home for this number: ``dtype`` is a dtype name or bytes per number."""
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element_bytes(dtype)
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:

@@ -28,15 +28,13 @@ other programs can only slow a run down, never speed it up.
 
 from __future__ import annotations
 
-import datetime as _dt
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from inferlab.data import read_table
-from inferlab.device import check_dtype, choose_profile
+from inferlab.device import DeviceInfo, check_dtype, choose_profile, cpu_name
 from inferlab.timing import Timing, time_fn
 
 
@@ -176,36 +174,6 @@ def match_device_name(device_name: str) -> DeviceSpec | None:
     return None
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """The device torch is using, its table row if it has one, and the software around it."""
-
-    device: str                 # "cpu" or "cuda"
-    name: str                   # e.g. "NVIDIA H200" or the CPU's model name
-    spec: DeviceSpec | None
-    torch_version: str
-    cuda_version: str | None
-    threads: int
-
-    def provenance(self) -> dict:
-        """What a measurement must carry: device, software versions and today's date."""
-        return {"device": self.device, "device_name": self.name,
-                "table_row": self.spec.name if self.spec else None,
-                "torch": self.torch_version, "cuda": self.cuda_version,
-                "threads": self.threads, "date": _dt.date.today().isoformat()}
-
-
 def detect_device(device: str | None = None) -> DeviceInfo:
     """Describe ``device`` ("cpu" or "cuda"; default: the GPU when there is one)."""
     if device is None:
@@ -217,11 +185,10 @@ def detect_device(device: str | None = None) -> DeviceInfo:
         name = torch.cuda.get_device_name(0)
         spec = match_device_name(name)
     elif device == "cpu":
-        name, spec = _cpu_name(), None
+        name, spec = cpu_name(), None
     else:
         raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
-    return DeviceInfo(device=device, name=name, spec=spec, torch_version=torch.__version__,
-                      cuda_version=torch.version.cuda, threads=torch.get_num_threads())
+    return DeviceInfo.of(device, name, spec)
 
 
 @dataclass(frozen=True)

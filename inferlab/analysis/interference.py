@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Run
+from inferlab.serving.run import Run
 from inferlab.serving.metrics import largest_gap, percentile
 from inferlab.serving.request import Request
 

@@ -36,7 +36,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.llama import build_model
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.engine import pool_blocks, serve
-from inferlab.serving.loop import Run
+from inferlab.serving.run import Run
 from inferlab.serving.metrics import Summary
 from inferlab.sim import traces, workloads
 from inferlab.analysis.step_time import StepModel

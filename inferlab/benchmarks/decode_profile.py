@@ -53,6 +53,7 @@ from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_int8 import pool_for
+from inferlab.serving.policies import Span
 from inferlab.serving.request import Request, Sequence
 from inferlab.serving.runner import ModelRunner
 from inferlab.timing import time_fn
@@ -71,12 +72,12 @@ def decode_step(model, context: int):
     tokens through the engine's runner (the same slot is rewritten each call)."""
     config = ServingConfig(num_blocks=blocks_for(context, 16) + 1)
     runner = ModelRunner(model, pool_for(model, config))
-    seq = Sequence.of(0, Request(tuple(range(1, context)), max_new_tokens=2))
+    seq = Sequence(0, Request(tuple(range(1, context)), max_new_tokens=2))
     seq.table = runner.cache.new_table()
     seq.table.append(context)
     seq.output.append(1)
     seq.num_computed = context - 1  # its newest token is the one to run
-    rows = [(seq, 1)]
+    rows = [Span(seq, 1, context - 1, prefill=False, emits=True)]
     return lambda: runner.forward(rows)
 
 

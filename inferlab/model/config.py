@@ -15,7 +15,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from inferlab.data import read_table
+from inferlab.device import element_bytes
 from inferlab.validation import positive_ints
+
+
+def kv_bytes_per_token(config, dtype="bfloat16") -> int:
+    """KV-cache bytes one token occupies: 2 (K and V) x layers x KV heads x head_dim x bytes.
+
+    The course's one home for this number, below the model's caches, the engine's pool and the
+    analysis that all use it (``inferlab.analysis.formulas`` quotes it): ``config`` is anything
+    with ``n_layers``, ``n_kv_heads`` and ``head_dim`` (a ``ModelConfig``, a cache);
+    ``dtype`` is a dtype name or bytes per number."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element_bytes(dtype)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 - ``prefill``: run the whole prompt at once (matrix-matrix work), filling the cache.
 - ``decode_one_token``: run one new token per sequence against the cache (matrix-vector work).
 - ``generate``: prefill, then decode until ``max_new_tokens``, or until every sequence has
-  produced an end-of-sequence token when one is given; greedy unless a temperature is set.
+  produced an end-of-sequence token when one is given; greedy unless a temperature is set
+  (``inferlab.model.sampling.sample``, the engine's own sampling: one rule for both).
 - ``generate_without_cache``: recompute the whole sequence for every new token: the O(n^2)
   baseline the KV cache exists to beat, and the oracle the cached path is checked against.
 - ``generate_text``: the same two loops behind a tokenizer, for a real checkpoint
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from inferlab.model.kv_cache import CacheFullError, KVCache
+from inferlab.model.sampling import sample
 from inferlab.validation import positive_ints
 
 
@@ -57,15 +59,15 @@ def _stop_finished(token: torch.Tensor, done: torch.Tensor, eos: torch.Tensor | 
     return token, done | torch.isin(token, eos)
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """Next tokens (B,) from logits (B, V): argmax at temperature 0, else a softmax sample."""
+def next_tokens(logits: torch.Tensor, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next tokens (B,) from logits (B, V), every row at ``temperature`` drawing from the one
+    ``generator``: ``sample``, the engine's rule (greedy below ``GREEDY_BELOW``)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    B = logits.shape[0]
+    tokens = sample(logits, torch.full((B,), float(temperature)), [generator] * B)
+    return torch.tensor(tokens, device=logits.device)
 
 
 @torch.inference_mode()
@@ -113,14 +115,14 @@ def generate(model, prompt, max_new_tokens: int, cache: KVCache | None = None,
     eos, done = _eos_ids(eos_token_id, model.device), torch.zeros(tokens.shape[0], dtype=torch.bool,
                                                                   device=model.device)
     out = [tokens]
-    next_token, done = _stop_finished(sample(prefill(model, tokens, cache), temperature, gen),
+    next_token, done = _stop_finished(next_tokens(prefill(model, tokens, cache), temperature, gen),
                                       done, eos)
     out.append(next_token[:, None])
     for _ in range(max_new_tokens - 1):
         if eos is not None and bool(done.all()):
             break
         next_token, done = _stop_finished(
-            sample(decode_one_token(model, next_token, cache), temperature, gen), done, eos)
+            next_tokens(decode_one_token(model, next_token, cache), temperature, gen), done, eos)
         out.append(next_token[:, None])
     return torch.cat(out, dim=1)
 
@@ -137,7 +139,8 @@ def generate_without_cache(model, prompt, max_new_tokens: int, temperature: floa
     for _ in range(max_new_tokens):
         if eos is not None and bool(done.all()):
             break
-        next_token, done = _stop_finished(sample(model(tokens)[:, -1], temperature, gen), done, eos)
+        next_token, done = _stop_finished(next_tokens(model(tokens)[:, -1], temperature, gen), done,
+                                          eos)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
     return tokens
 

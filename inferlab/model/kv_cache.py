@@ -3,7 +3,7 @@
 Without a cache, every new token recomputes K and V for the whole prefix: generating n tokens
 costs O(n^2) projections. With one, each token's K and V are computed once and stored, and a
 decode step only projects the newest token, at the price of 2 x layers x KV heads x head_dim
-numbers of memory per token (``formulas.kv_bytes_per_token``).
+numbers of memory per token (``inferlab.model.config.kv_bytes_per_token``).
 
 The buffers are allocated once, at full size, as gpt-fast does, so decoding never reallocates
 and the memory a request will need is known up front. Every sequence in the batch sits at the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferlab.analysis import formulas
+from inferlab.model.config import kv_bytes_per_token
 from inferlab.validation import positive_ints
 
 
@@ -93,8 +93,8 @@ class KVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of one sequence occupies (``formulas.kv_bytes_per_token``)."""
-        return formulas.kv_bytes_per_token(self, self.k.element_size())
+        """Bytes one token of one sequence occupies (``kv_bytes_per_token``)."""
+        return kv_bytes_per_token(self, self.k.element_size())
 
     @property
     def nbytes(self) -> int:
@@ -230,9 +230,9 @@ class Int8KVCache(KVCache):
 
     @property
     def bytes_per_token(self) -> int:
-        """int8 numbers (``formulas.kv_bytes_per_token`` at 1 byte) plus one scale per head."""
+        """int8 numbers (``kv_bytes_per_token`` at 1 byte) plus one scale per head."""
         scales = 2 * self.n_layers * self.n_kv_heads * self.k_scale.element_size()
-        return formulas.kv_bytes_per_token(self, 1) + scales
+        return kv_bytes_per_token(self, 1) + scales
 
     @property
     def nbytes(self) -> int:

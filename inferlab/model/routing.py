@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.analysis.moe import expected_experts  # noqa: F401  (the uniform-routing reference)
 from inferlab.model.moe import route, router_logits
 
 

@@ -278,7 +278,7 @@ def run(args) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from inferlab.analysis.hardware import detect_device
+    from inferlab.device import DeviceInfo, cpu_name
     from inferlab.measurements import write_record
 
     torch.set_num_threads(args.threads)
@@ -328,7 +328,7 @@ def run(args) -> int:
               "cpu_cores": os.cpu_count(), "machine_load": load,
               "command": "python -m inferlab.model.train " + " ".join(sys.argv[1:])}
     out = None if args.out is None else args.out / "measurements" / "course_models_training.json"
-    print(f"record: {write_record(record, detect_device('cpu'), out)}")
+    print(f"record: {write_record(record, DeviceInfo.of('cpu', cpu_name()), out)}")
     return 0
 
 

@@ -106,7 +106,7 @@ def train_head(target, stream: torch.Tensor, val_stream: torch.Tensor, plan: Hea
 
 
 def main(argv=None) -> int:
-    from inferlab.analysis.hardware import detect_device
+    from inferlab.device import DeviceInfo, cpu_name
     from inferlab.measurements import write_record
 
     parser = argparse.ArgumentParser(prog="python -m inferlab.model.train_eagle",
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
               "seconds": wall, "cpu_seconds": cpu, "total_seconds": time.perf_counter() - t0,
               "machine_load": {"loadavg_start": load_start, "loadavg_end": os.getloadavg()},
               "results": rows}
-    info = detect_device("cpu")
+    info = DeviceInfo.of("cpu", cpu_name())
     print(f"record: {write_record(record, info, args.record)}")
     return 0
 

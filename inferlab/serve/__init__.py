@@ -1,10 +1,12 @@
 """The course's engine behind an OpenAI-compatible HTTP server: ``python -m inferlab.serve``.
 
-Read in this order: ``protocol`` (the request and response bodies of ``/v1/completions``, and
-OpenAI-style errors), ``tenants`` (API keys, per-tenant limits, prefix-cache salts),
-``metrics`` (what ``/metrics`` exports to Prometheus), ``shapes`` (the response objects of the
-two generation endpoints), ``chat`` (``/v1/chat/completions``: messages through the chat
-template into the completion path), ``app`` (the FastAPI application over an
-``inferlab.serving.online.OnlineEngine``), ``background`` (running it on a local port inside a
-test or a notebook, and stopping it), ``__main__`` (the command line).
+Read in this order: ``protocol`` (the request body of ``/v1/completions`` and the response
+objects of both generation endpoints), ``errors`` (OpenAI-style error answers), ``tenants``
+(API keys, per-tenant limits, prefix-cache salts), ``metrics`` (what ``/metrics`` exports to
+Prometheus), ``logs`` (the startup banner and the periodic stats line), ``chat``
+(``/v1/chat/completions``: messages through the chat template into a completion body), ``app``
+(the FastAPI application over an ``inferlab.serving.online.OnlineEngine``: module-level
+handlers sharing one parse, one path through the engine and one error mapping),
+``background`` (running it on a local port inside a test or a notebook, and stopping it),
+``__main__`` (the command line).
 """

@@ -33,7 +33,7 @@ def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch:
     """Load ``model`` and its tokenizer and return the app (``create_app``) over an engine."""
     from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
     from inferlab.serve.app import create_app
-    from inferlab.serving.engine import pool_blocks_for
+    from inferlab.serving.paged_cache import pool_blocks_for
     from inferlab.serving.online import OnlineEngine
 
     path = checkpoint_path(model)

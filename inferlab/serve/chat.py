@@ -4,31 +4,26 @@ OpenAI calls its Completions API legacy, and engines serve Chat Completions firs
 OpenAI-compatible server, SGLang's). A chat request is a completion request whose prompt is a
 list of ``messages``; the server renders them into one text with the tokenizer's chat template
 (``inferlab.model.chat_template``), appending the opening of the assistant's turn, and from
-there runs exactly what ``/v1/completions`` runs (the same handler, ``create_app``'s ``serve``),
-answering in the chat shape (``inferlab.serve.shapes.ChatShape``): a ``chat.completion`` with a
-``message``, or a stream of ``chat.completion.chunk`` deltas, then, with
-``stream_options.include_usage``, a last chunk with the token counts, then ``[DONE]``.
+there runs exactly what ``/v1/completions`` runs (``inferlab.serve.app``: both routes share one
+parse, one path through the engine and one error mapping), answering in the chat shape
+(``inferlab.serve.protocol.ChatShape``): a ``chat.completion`` with a ``message``, or a stream
+of ``chat.completion.chunk`` deltas, then, with ``stream_options.include_usage``, a last chunk
+with the token counts, then ``[DONE]``.
 
 The body: ``model``, ``messages`` (each ``{"role", "content"}``; roles ``system``,
 ``developer``, ``user``, ``assistant``; content a string or a list of ``{"type": "text",
 "text"}`` parts), ``max_completion_tokens`` or the older ``max_tokens`` (default: the rest of
 the model's context), and every sampling field ``/v1/completions`` takes, checked by the same
-code with the same messages. Tool calls (``tools``, ``tool_choice``), ``response_format``
-other than plain text, and log probabilities are refused with a 400 that names the field,
-rather than silently ignored.
+code with the same messages. An error names the field as the client sent it
+(``client_names``): ``messages`` for the prompt, ``max_completion_tokens`` when that is the
+limit it gave. Tool calls (``tools``, ``tool_choice``), ``response_format`` other than plain
+text, and log probabilities are refused with a 400 that names the field, rather than silently
+ignored.
 """
 
 from __future__ import annotations
 
-import json
-
-from fastapi import Request
-from pydantic import ValidationError
-
-from inferlab.model.chat_template import TemplateError, load_chat_template, render_chat
-from inferlab.serve.errors import APIError
-from inferlab.serve.protocol import CompletionRequest
-from inferlab.serve.shapes import ChatShape
+from inferlab.model.chat_template import TemplateError, render_chat
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -90,36 +85,8 @@ def completion_body(data: dict, template: str, tokenizer, max_context: int) -> d
     return body
 
 
-def add_chat_route(app, serve, tokenizer, max_context: int) -> None:
-    """Register ``POST /v1/chat/completions`` on ``app``, answered by ``serve`` (the completion
-    handler of ``create_app``) in the chat shape."""
-    path = getattr(tokenizer, "path", None)  # a test's stand-in tokenizer may have none
-    template = load_chat_template(path) if path else None
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        received = app.state.engine.clock.now()
-        if template is None:
-            raise APIError(400, "this model's tokenizer has no chat template; use "
-                           "/v1/completions", param="messages")
-        try:
-            data = json.loads(await request.body())
-        except ValueError as e:
-            raise APIError(400, f"the body is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "the body must be a JSON object")
-        if "prompt" in data:
-            raise APIError(400, "a chat request has messages, not a prompt", param="prompt")
-        try:
-            body = completion_body(data, template, tokenizer, max_context)
-        except ValueError as e:
-            param, message = e.args
-            raise APIError(400, message, param=param) from None
-        try:
-            req = CompletionRequest.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            param = str(err["loc"][0]) if err["loc"] else None
-            why = err.get("ctx", {}).get("error") or err["msg"]
-            raise APIError(400, f"{param}: {why}", param=param) from None
-        return await serve(request, req, received, ChatShape())
+def client_names(data: dict) -> dict[str, str]:
+    """The completion body's field names as the chat request ``data`` spelled them."""
+    limit = "max_completion_tokens" if data.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    return {"prompt": "messages", "max_tokens": limit}

@@ -1,16 +1,19 @@
 """The course server's error answers in the OpenAI API's shape: ``APIError`` carries a status,
-an error body (``protocol.error_body``) and, for 429 and 503, a Retry-After header. Its own
-module so that the completions app and the chat route both raise it without importing each
-other.
+OpenAI's error body (``error_body``: ``{"error": {"message", "type", "param", "code"}}``) and,
+for 429 and 503, a Retry-After header.
 """
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from inferlab.serve.protocol import error_body
-
 RETRY_AFTER_S = 1  # what 429 and 503 tell a client to wait before trying again
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 class APIError(Exception):

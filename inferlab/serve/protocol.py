@@ -3,7 +3,7 @@
 The bodies follow OpenAI's legacy Completions API, the one vLLM and SGLang also serve, so the
 official ``openai`` client and any load generator written for those engines work unchanged:
 ``prompt`` (text, or token ids), ``max_tokens`` (default 16), ``temperature`` (default 1, at
-most 2; a temperature below 1e-5, ``inferlab.serving.sampling.GREEDY_BELOW``, decodes greedily,
+most 2; a temperature below 1e-5, ``inferlab.model.sampling.GREEDY_BELOW``, decodes greedily,
 as 0 does), ``top_p`` and vLLM's ``top_k`` (sampling among the likeliest tokens only), ``stop``
 (a string or a list of up to four), ``stream`` (Server-Sent Events, one chunk per token, then
 ``data: [DONE]``), ``seed`` (a 64-bit signed integer: the same seed and prompt give the same
@@ -16,8 +16,22 @@ that names the field unless they ask for the default (``NOT_IMPLEMENTED``): a cl
 silently given something other than what it asked for. Other unknown fields are ignored, as
 vLLM ignores them. Each response carries the time it was made (``created``).
 
-Errors carry OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
-status for a bad request and 429/503 for overload.
+The same request comes back in one of two *shapes*, one per generation endpoint, built per
+request (a chat stream's first chunk carries the assistant's role, the later ones do not):
+``TextShape``, OpenAI's legacy Completions objects (``text_completion``), and ``ChatShape``,
+Chat Completions objects (``chat.completion`` with a ``message``, and, when streaming,
+``chat.completion.chunk`` objects whose ``delta`` holds the role (first chunk) and the new
+``content``; the finishing chunk has an empty delta and the ``finish_reason``, as OpenAI's API
+and vLLM send them). A shape builds the four things a handler sends: a response (``stream``
+false), a streamed chunk, the last chunk's finish reason, and the usage chunk of
+``stream_options.include_usage``.
+
+The text of either shape is detokenized incrementally (``Detokenizer``): the tokens so far
+decoded whole, each delta cut at the first stop string, and a tail that could still grow into
+one (or a character split across tokens) held back until it cannot.
+
+Errors carry OpenAI's body (``inferlab.serve.errors``), with a 4xx status for a bad request and
+429/503 for overload.
 """
 
 from __future__ import annotations
@@ -134,8 +148,9 @@ class CompletionRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# The engine's field names, as this API spells them (for the engine check's messages).
-API_NAMES = {"max_new_tokens": "max_tokens"}
+# The engine's field names, as this API spells them (for the engine check's messages; a chat
+# request renames these once more, ``inferlab.serve.chat.client_names``).
+API_NAMES = {"max_new_tokens": "max_tokens", "prompt": "prompt"}
 
 
 def single_prompt(prompt) -> str | list[int]:
@@ -146,12 +161,6 @@ def single_prompt(prompt) -> str | list[int]:
                              "separate requests")
         return prompt[0]
     return prompt
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def completion_id() -> str:
@@ -188,3 +197,97 @@ def model_list(names: list[str], created: int) -> dict:
     """The body of GET /v1/models."""
     return {"object": "list", "data": [{"id": n, "object": "model", "created": created,
                                         "owned_by": "inferlab"} for n in names]}
+
+
+class TextShape:
+    """``/v1/completions``: ``text_completion`` objects."""
+
+    def new_id(self) -> str:
+        return completion_id()
+
+    def response(self, cid, model, text, reason, usage, created) -> dict:
+        return completion(cid, model, text, reason, usage, created)
+
+    def chunk(self, cid, model, delta, reason, created, usage_field) -> dict:
+        return completion(cid, model, delta, reason, None, created, usage_field)
+
+    def usage_chunk(self, cid, model, usage, created) -> dict:
+        return usage_chunk(cid, model, usage, created)
+
+
+class ChatShape:
+    """``/v1/chat/completions``: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+
+    def __init__(self):
+        self._role_sent = False
+
+    def new_id(self) -> str:
+        return f"chatcmpl-{uuid.uuid4().hex}"
+
+    @staticmethod
+    def _head(cid, obj, model, created) -> dict:
+        return {"id": cid, "object": obj, "created": created or int(time.time()), "model": model}
+
+    def response(self, cid, model, text, reason, usage, created) -> dict:
+        return {**self._head(cid, "chat.completion", model, created),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": None, "finish_reason": reason}],
+                "usage": usage}
+
+    def chunk(self, cid, model, delta, reason, created, usage_field) -> dict:
+        d = {} if reason is not None and not delta else {"content": delta}
+        if not self._role_sent:  # the first chunk says whose turn this is
+            d = {"role": "assistant", **({"content": delta} if reason is None else d)}
+            self._role_sent = True
+        body = {**self._head(cid, "chat.completion.chunk", model, created),
+                "choices": [{"index": 0, "delta": d, "logprobs": None,
+                             "finish_reason": reason}]}
+        if usage_field:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, cid, model, usage, created) -> dict:
+        return {**self._head(cid, "chat.completion.chunk", model, created), "choices": [],
+                "usage": usage}
+
+
+class Detokenizer:
+    """Token ids in, text deltas out, cut at the first stop string.
+
+    The text so far is decoded whole each time (byte-level BPE may split a character across
+    tokens, shown as U+FFFD until its last byte arrives), and a tail that could still grow into a
+    stop string is held back until it cannot.
+    """
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.text = ""       # emitted so far
+        self.stopped = False  # a stop string matched
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        full = self.tokenizer.decode(self.ids)
+        cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            full, self.stopped, final = full[:cut], True, True
+        end = len(full)
+        if not final:
+            if full.endswith("\ufffd"):
+                return ""
+            for s in self.stops:  # the longest tail that is a proper start of a stop string
+                for k in range(min(len(s) - 1, len(full)), 0, -1):
+                    if full.endswith(s[:k]):
+                        end = min(end, len(full) - k)
+                        break
+        delta = full[len(self.text):end] if end > len(self.text) else ""
+        self.text += delta
+        return delta

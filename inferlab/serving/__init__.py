@@ -1,25 +1,33 @@
 """The serving engine: many requests over one paged KV cache, scheduled one iteration at a time.
 
-Read in this order: ``config`` (``ServingConfig``, the one object of sizes every part reads),
-``request`` (a request, the check every front door runs on it, the sequence the engine makes of
-it, its longest length), ``block_manager`` (blocks, block tables, the paged memory the scheduler
-admits through), ``reservation`` (the contiguous reservations paging replaced, with the same
-interface), ``step`` (what one iteration runs: its prefills, decodes, chunks, padding rows and
-preemptions), ``scheduler`` (the queues and the only actions that change a sequence),
-``policies`` (who prefills, decodes or is preempted each step: continuous, chunked, static and
-dynamic batching, written with those actions), ``paged_cache``
-(the K/V pool and each forward's attention metadata; ``paged_int8``, the same pool in int8
-codes with scales), ``paged_attention`` (attention read in place on any device;
-``paged_triton``, the fused GPU kernel), ``ragged`` (rows of any length packed into one forward
-pass: the metadata every engine forward is built with), ``sampling`` (the next token from the
-logits: greedy, or a seeded draw at a temperature), ``runner`` (the engine's one forward:
-``forward(rows)``, rows of a sequence and its new tokens), ``loop`` (the loop every run goes
-through, one ``StepLoop`` a step at a time, and its clocks), ``iteration`` (the log of a run:
-an ``Iteration`` a step, its ``Forward`` passes and their ``Row``s), ``run`` (the ``Run`` a
-loop returns: a ``Result`` per request), ``engine``
-(``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles, goodput, the largest gap
-between tokens), ``prefix_cache`` (sharing the blocks of a common prompt start, and the memory
-manager that admits through it), ``online`` (the engine stepped by a background loop while
-requests arrive, one token stream per request, a failure ending only the requests it hit: what
-``inferlab.serve`` serves).
+Read in this order. The data: ``config`` (``ServingConfig``, the one object of sizes every part
+reads), ``request`` (a ``Request``, and the ``Sequence`` the engine makes of it), ``validate``
+(whether a request can be served: the one check, run once per request). Memory:
+``block_manager`` (blocks, block tables, the paged memory the scheduler admits through),
+``reservation`` (the contiguous reservations paging replaced, with the same interface),
+``prefix_cache`` (sharing the blocks of a common prompt start). Deciding a step: ``policies``
+(the ``Step`` a policy returns, laid out as forward passes of ``Span`` rows, and the policies:
+continuous, chunked, static and dynamic batching), ``scheduler`` (the queues and the only
+actions that change a sequence; it checks each step and records its tokens). Running it:
+``paged_cache`` (the K/V pool; ``paged_int8``, the same pool in int8 codes with scales),
+``paged_attention`` (one forward's metadata, built once, and attention over the blocks in place;
+``paged_triton``, the fused GPU kernel), ``runner`` (the engine's one forward: ``forward(rows)``;
+sampling is ``inferlab.model.sampling``'s, shared with the labs). The loop: ``interfaces`` (the
+memory, runner and clock every loop runs through), ``iteration`` (the log of a run: an
+``Iteration`` a step, its ``Forward`` passes and their ``Row``s), ``run`` (the ``Run`` a loop
+returns: a ``Result`` per request), ``loop`` (``StepLoop``, the loop every run goes through,
+and its clocks; every kept token leaves through one hook), ``engine`` (``Engine``, the loop wired
+once over the model, and ``serve``, the front door), ``metrics`` (TTFT, TPOT, percentiles,
+goodput, the largest gap between tokens), ``online`` (one ``Engine`` stepped by a background
+thread while requests arrive, one token stream per request, a failure ending only the requests
+it hit: what ``inferlab.serve`` serves).
+
+Where what comes next plugs in: a step's metadata is built in one place
+(``paged_attention.prepare``, from the ``Span`` rows ``Step.plan`` lays out), so a decode path
+that shares a prefix's K/V (cascade attention) adds its segment there; a second KV tier sits
+under the memory manager (``interfaces.MemoryManager``: ``allocate_sequence`` reports what is
+cached, ``make_room`` evicts); logits are masked in one place (``inferlab.model.sampling.sample``,
+between the logits and the draw), where a grammar's token bitmask would apply; every token
+leaves through one hook (``StepLoop.on_token``), which an overlapped scheduler or a new endpoint
+reads as it is.
 """

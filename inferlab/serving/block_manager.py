@@ -146,11 +146,19 @@ class BlockTable:
         return (n_new > 0 and self.num_tokens % self.block_size != 0
                 and self.allocator.refcount(self.blocks[-1]) > 1)
 
+    def _copy_on_write(self) -> None:
+        """Take a private copy of the shared last block (the copy itself is queued on the
+        allocator, ``pending_copies``, for whoever owns the pool's tensors to make)."""
+        source, copy = self.blocks[-1], self.allocator.allocate()
+        self.allocator.pending_copies.append((source, copy))
+        self.allocator.free(source)  # still owned by the others, so it is not reused yet
+        self.blocks[-1] = copy
+
     def _fits_in_place(self, n_new: int) -> bool:
         """The common case, decided cheaply: the new tokens fit the last block, owned alone."""
         return (self.num_tokens % self.block_size != 0
                 and self.num_tokens + n_new <= len(self.blocks) * self.block_size
-                and self.allocator.refcount(self.blocks[-1]) == 1)
+                and self.allocator._refcounts[self.blocks[-1]] == 1)  # (a block it holds)
 
     def blocks_needed(self, n_new: int) -> int:
         """Blocks ``append(n_new)`` would allocate, counting a copy-on-write copy."""
@@ -171,11 +179,8 @@ class BlockTable:
         if not self.allocator.can_allocate(needed):
             raise OutOfBlocksError(f"appending {n_new} tokens needs {needed} free blocks but "
                                    f"only {self.allocator.num_free} are free")
-        if self._needs_copy(n_new):  # copy-on-write: take a private copy of the shared block
-            source, copy = self.blocks[-1], self.allocator.allocate()
-            self.allocator.pending_copies.append((source, copy))
-            self.allocator.free(source)  # still owned by the others, so it is not reused yet
-            self.blocks[-1] = copy
+        if self._needs_copy(n_new):  # only after a fork: the last block is shared
+            self._copy_on_write()
         while len(self.blocks) * self.block_size < self.num_tokens + n_new:
             self.blocks.append(self.allocator.allocate())
         self.num_tokens += n_new
@@ -238,6 +243,7 @@ class BlockManager(MemoryManager):
     """
 
     reserves_ahead = False  # holds only the blocks of the tokens stored so far
+    num_cached_only = 0     # no prefix cache here (``PrefixCachingBlockManager`` has one)
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         positive_ints(num_blocks=num_blocks, block_size=block_size)
@@ -273,6 +279,17 @@ class BlockManager(MemoryManager):
         table = BlockTable(self.allocator, self.block_size)
         table.append(tokens)
         return table
+
+    def allocate_sequence(self, seq) -> tuple[BlockTable, int]:
+        """A table for every token of ``seq`` (a ``Sequence``), none of them cached."""
+        return self.allocate(seq.num_tokens, seq.max_tokens), 0
+
+    def remember(self, seq) -> None:
+        """Nothing to remember without a prefix cache."""
+
+    def make_room(self, n_blocks: int) -> bool:
+        """Without a prefix cache nothing can be evicted to make room."""
+        return False
 
     def __repr__(self) -> str:
         return (f"BlockManager({self.num_free}/{self.num_blocks} blocks of {self.block_size} "

@@ -43,8 +43,9 @@ class ServingConfig:
     num_blocks: int | None = None         # blocks in the pool; None: serve() sizes it
     max_batch: int = 32                   # sequences running at once (vLLM's max_num_seqs)
     max_prefill_tokens: int | None = None  # prompt tokens one step may prefill; None: no limit
-    policy: str | Callable | None = None  # "continuous", "static", "chunked", "dynamic", or
-    # policy(scheduler, now); None: "chunked" with a token_budget, else "continuous"
+    policy: str | Callable | None = None  # "continuous", "static", "chunked", or a function
+    # policy(scheduler, now) (dynamic batching: policies.make_static_policy(max_wait_s));
+    # None: "chunked" with a token_budget, else "continuous"
     watermark: float = 0.0                # share of the blocks an admission must leave free
     token_budget: int | None = None       # chunked prefill: tokens one step's forward may run
     kv_cache_dtype: str | None = None     # "int8": K/V as int8 codes + scales; None: the model's
@@ -83,15 +84,9 @@ class ServingConfig:
 
     @property
     def chunked(self) -> bool:
-        """Whether each step is one forward pass of decodes and prefill chunks."""
+        """Whether each step is one forward pass of decodes and prefill chunks: the one place
+        the engine decides it (the scheduler lays each step out by it)."""
         return self.token_budget is not None
-
-    @property
-    def pool_tokens(self) -> int:
-        """Token slots in the pool: num_blocks x block_size."""
-        if self.num_blocks is None:
-            raise ValueError("this ServingConfig has no num_blocks yet")
-        return self.num_blocks * self.block_size
 
     def replace(self, **changes) -> "ServingConfig":
         """A copy with some fields changed (checked again), e.g. ``config.replace(num_blocks=64)``."""

@@ -1,46 +1,48 @@
-"""The serving engine's front door: ``serve(model, requests, config)`` returns a ``Run``.
+"""The engine with the model: ``Engine(model, config)`` wires it, ``serve(model, requests)`` runs it.
 
-Underneath, three parts with one job each, all reading one ``ServingConfig``:
+``Engine`` is the serving loop (``inferlab.serving.loop.StepLoop``) assembled, in this one
+place, over the model's parts, all reading one ``ServingConfig``:
 
-- the ``Scheduler`` (``inferlab.serving.scheduler``) decides every iteration who prefills, who
-  decodes and who is preempted, and is the only code that changes a sequence's state;
-- the ``ModelRunner`` (``inferlab.serving.runner``) runs those decisions on the model over the
-  paged KV cache (``inferlab.serving.paged_cache``) and samples each row's next token;
-- the ``StepLoop`` (``inferlab.serving.loop``) is the loop between them; the discrete-event
-  simulator (``inferlab.sim.simulator``) runs the same loop with modelled step times and
-  returns a ``Run`` of the same shape.
+- the paged KV pool (``inferlab.serving.paged_cache``, or its int8 form), whose blocks the
+  memory manager hands out (``inferlab.serving.block_manager``; with ``prefix_cache``, the
+  prefix-caching one of ``inferlab.serving.prefix_cache``);
+- the ``Scheduler`` (``inferlab.serving.scheduler``), which decides every iteration who
+  prefills, who decodes and who is preempted, and is the only code that changes a sequence;
+- the ``ModelRunner`` (``inferlab.serving.runner``), which runs those decisions on the model
+  over the pool and samples each row's next token;
+- a ``WallClock``.
 
-A run goes through three layers: ``serve`` (the front door), ``Engine.run`` (the model, its pool
-and a scheduler) and ``StepLoop.run`` (the steps).
+An offline run is one call: ``serve`` (or ``Engine.run``) serves a list of requests to the end
+and returns a ``Run``. The online engine (``inferlab.serving.online``) adds to one ``Engine``
+only its thread, its inbox and its streams; the discrete-event simulator
+(``inferlab.sim.simulator``) runs the same loop with modelled step times and returns a ``Run``
+of the same shape.
 
 Invalid requests (an empty prompt, token ids that are not integers in the vocabulary, a prompt
 longer than the model's context, max_new_tokens that is not a positive integer, a temperature
-outside [0, 2], a seed outside 64-bit integers, ...: ``validate_request``, the check the online
-engine and the HTTP server run too) are refused one by one before anything runs: each gets a
+outside [0, 2], a seed outside 64-bit integers, ...: ``inferlab.serving.validate``, the check
+the online engine runs too) are refused one by one before anything runs: each gets a
 ``Result`` with no tokens, no timing and ``error`` saying why ("request 3 refused: ..."), and
-the others still complete. When the
-config leaves ``num_blocks`` unset, ``serve`` sizes the pool from the requests it accepts:
-room for ``max_batch`` copies of the longest, and never more than the device's free memory
-allows.
+the others still complete. When the config leaves ``num_blocks`` unset, ``serve`` sizes the
+pool from the requests it accepts: room for ``max_batch`` copies of the longest, and never more
+than the device's free memory allows (``inferlab.serving.paged_cache.pool_blocks_for``).
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from inferlab.device import free_memory_bytes
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Run, StepLoop, WallClock
-from inferlab.serving.paged_cache import block_bytes
+from inferlab.serving.loop import StepLoop, WallClock
+from inferlab.serving.paged_cache import POOL_MEMORY_FRACTION, pool_blocks_for
 from inferlab.serving.paged_int8 import pool_for
-from inferlab.serving.request import InvalidRequestError, Request, longest_tokens, validate_request
+from inferlab.serving.prefix_cache import PrefixCachingBlockManager
+from inferlab.serving.request import Request, longest_tokens
+from inferlab.serving.run import Run
 from inferlab.serving.runner import ModelRunner
-from inferlab.serving.policies import resolve_policy
 from inferlab.serving.scheduler import Scheduler
-
-# Share of the device's free memory that serve() may give the KV pool when it sizes it.
-POOL_MEMORY_FRACTION = 0.8
+from inferlab.serving.validate import InvalidRequestError, validate_request
 
 
 def refusals(requests: list[Request], model_config, num_blocks: int | None = None,
@@ -67,42 +69,38 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
     return pool_blocks_for(model, longest, config, memory_fraction)
 
 
-def pool_blocks_for(model, longest: int, config: ServingConfig,
-                    memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
-    """The engine's one sizing rule: ``config.max_batch`` sequences of ``longest`` tokens, at
-    most what ``memory_fraction`` of the device's free memory holds. A server that cannot know
-    its requests passes the model's context length."""
-    wanted = config.max_batch * blocks_for(longest, config.block_size)
-    affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
-        block_bytes(model, config.block_size, config)
-    return max(1, min(wanted, affordable))
+class Engine(StepLoop):
+    """A model, its paged KV pool of ``config.num_blocks`` blocks, a scheduler and the loop.
 
-
-class Engine:
-    """A model, its paged KV cache of ``config.num_blocks`` blocks, and a scheduling policy.
-
-    ``run`` may be called again; every block is free between runs.
+    ``prefix_cache=True`` admits through ``PrefixCachingBlockManager`` (it needs chunked
+    prefill: a prompt then starts after its cached blocks). The hooks are the loop's
+    (``on_token``, ``on_failure``, ``on_iteration``). ``run`` may be called again; every block
+    is free between runs.
     """
 
-    def __init__(self, model, config: ServingConfig):
+    def __init__(self, model, config: ServingConfig, prefix_cache: bool = False, **hooks):
         if config.num_blocks is None:
             raise ValueError("Engine needs config.num_blocks; serve() sizes the pool for you")
-        resolve_policy(config.policy)  # an unknown policy fails here, not halfway through
+        if prefix_cache and not config.chunked:
+            raise ValueError("prefix caching needs chunked prefill (config.token_budget and "
+                             "policy='chunked'): a prompt then starts after its cached blocks")
+        memory = PrefixCachingBlockManager if prefix_cache else BlockManager
         self.model, self.config = model, config
-        self.cache = pool_for(model, config)
+        self.cache = pool_for(model, config, memory_class=memory)
+        super().__init__(Scheduler(config, self.cache.memory), ModelRunner(model, self.cache),
+                         WallClock(), **hooks)
 
     @property
     def num_blocks(self) -> int:
         return self.cache.num_blocks
 
     def run(self, requests: Iterable[Request]) -> Run:
-        """Serve ``requests``: a ``Run`` with one ``Result`` each, in the order given."""
+        """Serve ``requests``: a ``Run`` with one ``Result`` each, in the order given (the ones
+        that cannot run refused, with why)."""
         requests = list(requests)
-        refused = refusals(requests, self.model.config, self.num_blocks, self.config.block_size)
-        scheduler = Scheduler(self.config, self.cache.memory)
-        run = StepLoop(scheduler, ModelRunner(self.model, self.cache), WallClock()).run(
-            requests, refused)
-        leaked = self.num_blocks - self.cache.memory.num_free
+        run = super().run(requests, refusals(requests, self.model.config, self.num_blocks,
+                                             self.config.block_size))
+        leaked = self.num_blocks - self.cache.memory.num_free - self.cache.memory.num_cached_only
         if leaked:
             raise RuntimeError(f"{leaked} KV blocks are still allocated after every request "
                                "finished: the policy leaked blocks")

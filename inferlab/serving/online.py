@@ -2,29 +2,26 @@
 
 ``serve`` (``inferlab.serving.engine``) knows every request before it starts. A server does
 not: a client may send a request at any moment, read its tokens one at a time as they are
-produced, and hang up halfway. ``OnlineEngine`` runs the same ``StepLoop`` loop
-(``inferlab.serving.loop``) on a background thread, so the scheduler, the runner and the
-paged cache are exactly the offline engine's:
+produced, and hang up halfway. ``OnlineEngine`` adds to one ``Engine`` (the same pool,
+scheduler, runner and loop as an offline run) only three things: a background thread that
+steps it, an inbox that requests wait in until the next step boundary, and a ``Stream`` per
+request.
 
-- ``submit(request)`` hands it a request from any thread and returns a ``Stream`` at once;
-  the loop lets the request in before its next step, stamped with the time it arrived.
-- After every step the loop pushes each sequence's new tokens into its ``Stream``, and a last
-  ``Finished`` event (the finish reason and the engine's own ``RequestTiming``) when it is done.
-  A prefill's token goes out sooner, as soon as its own forward pass ends (``StepLoop``'s
-  ``on_prefill``), rather than after the step's decode batch: a newcomer's TTFT does not wait
-  for everyone else's next token.
-  A ``Stream`` is read by blocking iteration (``for token in stream``) or, from asyncio, by
-  ``async for`` once made with ``loop=`` (the tokens then cross threads with
-  ``call_soon_threadsafe``: the engine never waits for a slow reader).
+- ``submit(request)`` checks the request (``inferlab.serving.validate``, once: an
+  ``InvalidRequestError`` names the field, in the caller's ``names``) and returns its
+  ``Stream`` at once, from any thread; the request arrives (its TTFT starts) then.
+- Every token leaves through the engine's one hook (``on_token``) into its stream, as soon as
+  its forward pass ends, and a last ``Finished`` event (the finish reason and the engine's own
+  ``RequestTiming``, read off the sequence) follows when the request is done. A ``Stream`` is
+  read by blocking iteration (``for token in stream``) or, from asyncio, by ``async for`` once
+  made with ``loop=`` (the tokens then cross threads with ``call_soon_threadsafe``: the engine
+  never waits for a slow reader).
 - ``abort(stream)`` (the client went away, or a stop string matched) takes the sequence out at
-  the next step boundary through ``StepLoop.withdraw`` and ``Scheduler.abort``, which frees its blocks at once.
-- ``prefix_cache=True`` admits through ``PrefixCachingBlockManager``: a prompt that starts with
-  blocks cached earlier (under the same ``cache_salt``) skips their prefill.
-- Nothing a request carries can stop the loop: ``submit`` refuses a request the engine cannot
-  serve (``validate_request``, ``InvalidRequestError``) before it reaches the loop's thread,
-  and an exception while admitting, scheduling or running one ends that request (or, where it
-  cannot be pinned on one, the step's requests) with a ``Finished("error", ...)`` that says
-  what failed; their blocks are freed and the loop serves the rest (``StepLoop(isolate=True)``).
+  the next step boundary (``StepLoop.withdraw``, ``Scheduler.abort``), freeing its blocks.
+- Nothing a request carries can stop the loop: an exception while admitting, scheduling or
+  running one ends that request (or, where it cannot be pinned on one, the step's requests)
+  with a ``Finished("error", ...)`` that says what failed (the loop's ``on_failure``); their
+  blocks are freed and the loop serves the rest.
 - ``shutdown(drain=True)`` refuses new requests, lets those in flight finish, and stops the
   thread.
 
@@ -41,15 +38,11 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import StepLoop, WallClock
+from inferlab.serving.engine import Engine
 from inferlab.serving.metrics import RequestTiming
-from inferlab.serving.paged_int8 import pool_for
-from inferlab.serving.prefix_cache import PrefixCachingBlockManager
-from inferlab.serving.request import Request, Sequence, validate_request
-from inferlab.serving.runner import ModelRunner
-from inferlab.serving.scheduler import Scheduler
+from inferlab.serving.request import Request, Sequence
+from inferlab.serving.validate import validate_request
 
 
 class EngineClosedError(RuntimeError):
@@ -73,19 +66,27 @@ class Stream:
     ``tokens`` and ``finished`` hold what has arrived so far.
     """
 
-    def __init__(self, request: Request, seq_id: int, loop: asyncio.AbstractEventLoop | None):
-        self.request, self.seq_id, self.loop = request, seq_id, loop
+    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop | None):
+        self.seq, self.loop = seq, loop
         self.tokens: list[int] = []
-        self.arrival_s = 0.0  # on the engine's clock, set by submit
-        self.num_sent = 0  # tokens the engine has pushed (its thread's count)
         self.finished: Finished | None = None
         self._queue = asyncio.Queue() if loop is not None else queue.Queue()
+
+    @property
+    def request(self) -> Request:
+        return self.seq.request
 
     def _push(self, item) -> None:  # called on the engine's thread
         if self.loop is None:
             self._queue.put(item)
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _end(self, reason: str, error: str | None = None) -> None:  # the engine's thread
+        seq = self.seq
+        timing = RequestTiming(seq.arrival_s, tuple(seq.token_times)) if seq.token_times \
+            else None
+        self._push(Finished(reason, timing, seq.num_preemptions, error))
 
     def _take(self, item):
         if isinstance(item, Finished):
@@ -118,32 +119,23 @@ class Stream:
 
 
 class OnlineEngine:
-    """A model and its paged cache, served by a background loop; ``submit`` from any thread.
+    """A model and its paged pool, served by a background loop; ``submit`` from any thread.
 
-    ``config.num_blocks`` must be set (the pool is the server's, sized once). ``eos_token_ids``
-    end every request that does not bring its own.
+    ``config.num_blocks`` must be set (the pool is the server's, sized once).
     """
 
-    def __init__(self, model, config: ServingConfig, eos_token_ids: tuple[int, ...] = (),
-                 prefix_cache: bool = False):
+    def __init__(self, model, config: ServingConfig, prefix_cache: bool = False):
         if config.num_blocks is None:
             raise ValueError("OnlineEngine needs config.num_blocks: the pool is sized once")
-        if prefix_cache and not config.chunked:
-            raise ValueError("prefix caching needs chunked prefill (config.token_budget and "
-                             "policy='chunked'): a prompt then starts after its cached blocks")
-        self.model, self.config = model, config
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.cache = pool_for(
-            model, config, memory_class=PrefixCachingBlockManager if prefix_cache else BlockManager)
-        self.scheduler = Scheduler(config, self.cache.memory)
-        self.clock = WallClock()
-        self.loop = StepLoop(self.scheduler, ModelRunner(model, self.cache), self.clock,
-                             on_prefill=self._first_token, isolate=True)
+        self.engine = Engine(model, config, prefix_cache, on_token=self._token,
+                             on_failure=self._failed)
+        self.model, self.config, self.cache = model, config, self.engine.cache
+        self.scheduler, self.clock = self.engine.scheduler, self.engine.clock
         self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
         self._ids = itertools.count()
-        self._inbox: list[Stream] = []       # submitted, not yet handed to the scheduler
+        self._inbox: list[Stream] = []       # submitted, not yet handed to the loop
         self._aborts: list[Stream] = []
-        self._live: dict[int, tuple[Sequence, Stream]] = {}
+        self._live: dict[int, Stream] = {}  # by sequence id: handed to the loop, not ended
         self._lock = threading.Condition()
         self._closed = self._stop = False
         self.error: BaseException | None = None
@@ -151,30 +143,19 @@ class OnlineEngine:
         self._thread.start()
 
     # -- what clients call, from any thread ------------------------------------------------
-    def check(self, request: Request, names: dict[str, str] | None = None) -> None:
-        """Raise ``InvalidRequestError`` unless this engine can serve ``request``: the check
-        ``submit`` runs (``validate_request`` against this model and pool). An HTTP server calls
-        it first with its API's field ``names``, so that its 400 names the field as the client
-        sent it."""
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None,
+               names: dict[str, str] | None = None) -> Stream:
+        """Queue ``request``; its ``Stream``. Raises ``InvalidRequestError`` if it can never
+        run (``validate_request`` against this model and pool, its messages in the caller's
+        field ``names``), ``EngineClosedError`` while draining. The request arrives now, on
+        the engine's clock: its TTFT is counted from here."""
         validate_request(request, self.model.config, self.config.num_blocks,
                          self.config.block_size, names)
-
-    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None,
-               arrival_s: float | None = None) -> Stream:
-        """Queue ``request`` (validated here: ``InvalidRequestError`` if it can never run).
-
-        ``arrival_s`` (on ``self.clock``; default: now) is when the request reached the server,
-        e.g. when an HTTP server received it, so that its TTFT counts the time before it got
-        here too.
-        """
-        if not request.eos_token_ids and self.eos_token_ids:
-            request = replace(request, eos_token_ids=self.eos_token_ids)
-        self.check(request)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")
-            stream = Stream(request, next(self._ids), loop)
-            stream.arrival_s = self.clock.now() if arrival_s is None else arrival_s
+            seq = Sequence(next(self._ids), replace(request, arrival_s=self.clock.now()))
+            stream = Stream(seq, loop)
             self._inbox.append(stream)
             self._lock.notify()
         return stream
@@ -189,7 +170,7 @@ class OnlineEngine:
     @property
     def num_waiting(self) -> int:
         """Requests queued: submitted and not yet running (the queue an operator watches)."""
-        return len(self._inbox) + len(self.scheduler.waiting)
+        return len(self._inbox) + len(self.engine.pending) + len(self.scheduler.waiting)
 
     @property
     def num_running(self) -> int:
@@ -212,7 +193,7 @@ class OnlineEngine:
     def idle(self) -> bool:
         """Nothing queued, running or in the inbox."""
         with self._lock:
-            return not self._inbox and not self._live and self.loop.done
+            return not self._inbox and not self._live and self.engine.done
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until ``idle()`` (aborts take effect at the next step boundary); whether it is."""
@@ -226,7 +207,7 @@ class OnlineEngine:
         with self._lock:
             self._closed = True
             if not drain:
-                self._aborts.extend(s for _, s in self._live.values())
+                self._aborts.extend(self._live.values())
                 self._aborts.extend(self._inbox)
             self._stop = True
             self._lock.notify()
@@ -235,8 +216,8 @@ class OnlineEngine:
     # -- the loop, on its own thread -------------------------------------------------------
     def _run(self) -> None:
         """Step until stopped. A failure inside a step ends the requests it is blamed on and the
-        loop goes on (``StepLoop(isolate=True)``); so does a failure to admit one request. Only an
-        error in the loop's own bookkeeping stops it: then every stream it holds, and those
+        loop goes on (the loop's ``on_failure``); so does a failure to admit one request. Only
+        an error in the loop's own bookkeeping stops it: then every stream it holds, and those
         still in the inbox, end with an error (none hangs), and ``alive`` turns False, so that a
         server's /health answers 503 and it gets restarted."""
         inbox: list[Stream] = []
@@ -244,77 +225,52 @@ class OnlineEngine:
             while True:
                 with self._lock:
                     while not (self._inbox or self._aborts or self._live or self._stop) \
-                            and self.loop.done:  # (a static batch may hold finished members)
+                            and self.engine.done:  # (a static batch may hold finished members)
                         self._lock.wait()
                     if self._stop and not (self._inbox or self._aborts or self._live):
                         return
                     inbox, self._inbox = self._inbox, []
                     aborts, self._aborts = self._aborts, []
-                while inbox:
-                    self._admit(inbox.pop(0))
+                for stream in inbox:
+                    self._hand_over(stream)
+                inbox = []
                 for stream in aborts:
-                    self._abort(stream)
-                if not self.loop.done:
-                    self.loop.step()
-                self._deliver()
+                    if self._live.pop(stream.seq.seq_id, None) is not None:  # not ended yet
+                        self.engine.withdraw(stream.seq)
+                        stream._end("abort")
+                if not self.engine.done:
+                    for seq in self.engine.step():  # (a static batch's padding member too)
+                        self._live.pop(seq.seq_id)._end(seq.finish_reason)
         except Exception as error:
             self.error = error
             why = f"the engine loop stopped: {type(error).__name__}: {error}"
             with self._lock:
                 self._closed = True
-                for stream in [*(s for _, s in self._live.values()), *inbox, *self._inbox]:
+                for stream in [*self._live.values(), *inbox, *self._inbox]:
                     if stream.finished is None:
                         stream._push(Finished("error", None, error=why))
                 self._live.clear()
 
-    def _admit(self, stream: Stream) -> None:
-        """Hand ``stream``'s request to the server; if that fails, end it alone with an error."""
+    def _hand_over(self, stream: Stream) -> None:
+        """Give ``stream``'s sequence to the loop; if that fails, end it alone with an error."""
         try:
-            seq = Sequence.of(stream.seq_id, stream.request, arrival_s=stream.arrival_s)
-            self.loop.submit(seq, self.clock.now())
+            self.engine.submit(stream.seq, self.clock.now())
         except Exception as error:
             self.num_failed += 1
-            stream._push(Finished("error", None, error=f"the engine failed while admitting "
-                                  f"it: {type(error).__name__}: {error}"))
+            stream._end("error", f"the engine failed while admitting it: "
+                                 f"{type(error).__name__}: {error}")
             return
-        self._live[seq.seq_id] = (seq, stream)
+        self._live[stream.seq.seq_id] = stream
 
-    def _abort(self, stream: Stream) -> None:
-        entry = self._live.pop(stream.seq_id, None)
-        if entry is None:  # it finished before the abort came
-            return
-        seq = entry[0]
-        self.loop.withdraw(seq)
-        stream._push(Finished("abort", self._timing(seq), seq.num_preemptions))
-        self.loop.stamps.pop(seq.seq_id, None)
+    def _token(self, seq: Sequence, token: int, time_s: float) -> None:
+        """The loop's ``on_token``: a token leaves for its stream as its forward pass ends."""
+        stream = self._live.get(seq.seq_id)
+        if stream is not None:
+            stream._push(token)
 
-    def _timing(self, seq: Sequence) -> RequestTiming | None:
-        stamps = self.loop.stamps.get(seq.seq_id, [])
-        return RequestTiming(seq.arrival_s, tuple(stamps)) if stamps else None
-
-    def _first_token(self, seq: Sequence, token: int) -> None:
-        """A prefill's token, streamed as soon as its forward pass ends (the step's decode batch
-        still runs before the scheduler records it); ``_deliver`` then skips it."""
-        entry = self._live.get(seq.seq_id)
-        if entry is not None and entry[1].num_sent == len(seq.output):
-            entry[1]._push(token)
-            entry[1].num_sent += 1
-
-    def _deliver(self) -> None:
-        """Push every live sequence's new tokens; end the streams of finished ones, and of those
-        the server took out after a failure (with the error)."""
-        failed = {seq.seq_id: why for seq, why in self.loop.failures}
-        self.loop.failures = []
-        for seq_id, (seq, stream) in list(self._live.items()):
-            for token in seq.output[stream.num_sent:]:  # (a failed one's: before the failure)
-                stream._push(token)
-            stream.num_sent = len(seq.output)
-            # a static batch's padding member is done too: it produces no more tokens
-            if seq_id in failed or seq.is_done:
-                del self._live[seq_id]
-                self.num_failed += seq_id in failed
-                reason = "error" if seq_id in failed else seq.finish_reason
-                stream._push(Finished(reason, self._timing(seq), seq.num_preemptions,
-                                      failed.get(seq_id)))
-                self.loop.stamps.pop(seq_id, None)  # a server runs for days: keep nothing
-        self.scheduler.finished.clear()
+    def _failed(self, seq: Sequence, why: str) -> None:
+        """The loop's ``on_failure``: ``seq`` was taken out after an error; end its stream."""
+        stream = self._live.pop(seq.seq_id, None)
+        if stream is not None:
+            self.num_failed += 1
+            stream._end("error", why)

@@ -1,14 +1,29 @@
-"""Attention over a paged cache on any device, reading each block where it lies, and what it costs.
+"""Attention over the paged pool: one forward's metadata, built once, and attention row by row.
 
-A paged cache scatters each sequence's K/V over fixed-size blocks of one pool (Kwon et al. 2023).
-The obvious portable way to attend over them is to gather the blocks into a contiguous tensor
-and call ``scaled_dot_product_attention`` (SDPA): every K/V byte is then read, written and read
-again, which costs about three times the contiguous attention on a CPU. The fused GPU kernel
-of ``inferlab.serving.paged_triton`` instead reads each block in place through the block table.
+Every forward of the engine is a *ragged* batch: decode rows bring one new token each, prefill
+rows tens or hundreds, and a prefill chunk may continue a prompt whose first tokens are already
+in the cache (chunked prefill, Sarathi-Serve, Agrawal et al. 2024). Padding every row to the
+longest would multiply the work of the one-token rows, so the rows are *packed*: their new
+tokens are laid end to end in one row of N = (sum of new tokens) tokens, each at its own
+position (the "varlen" layout of vLLM and FlashAttention). The weight matmuls do not care which
+sequence a token belongs to; only attention does, so it runs by segment:
 
-A CPU can do the same with one PyTorch operation, ``embedding_bag``, which sums rows of a table
-picked by an index, each row scaled by a weight, without copying them anywhere first. Decode
-attention is two such sums (``paged_decode``):
+- the leading one-token rows (the decodes) together, reading each block where it lies in the
+  pool (Kwon et al. 2023): on a GPU with the fused Triton kernel
+  (``inferlab.serving.paged_triton``), on a CPU with two ``embedding_bag`` sums (``paged_decode``);
+- a row whose new tokens start its sequence, causally over those tokens alone (SDPA);
+- a row that continues a cached prompt, over the cached tokens and its own, with the causal
+  mask shifted by what is cached; its blocks are gathered first (``gather_blocks``).
+
+``prepare`` builds all of it once per forward pass, from Python lists, in ONE host-to-device
+copy (nano-vllm's ``prepare_prefill`` / ``prepare_decode`` in one): the rows' token ids and
+positions, where each new token's K/V go, and what each row attends over. What it returns,
+``RaggedMetadata``, is what the model receives as its cache: at every layer the model calls
+``metadata.attend(layer, q, k, v, positions)``, which writes the new K/V into the pool
+(``PagedKVCache.write``) and attends. Nothing is bound to the pool between forwards.
+
+``embedding_bag`` sums rows of a table picked by an index, each row scaled by a weight, without
+copying them anywhere first. Decode attention is two such sums (``paged_decode``):
 
 - scores: the pool stores keys transposed, one (D, block_size) tile per block and KV head, so
   row (tile, d) holds dimension d of the tile's keys; the score of every key in the tile is the
@@ -16,48 +31,89 @@ attention is two such sums (``paged_decode``):
 - output: the sum over the row's tokens of softmax(scores)[n] times value row n (values are
   stored one (block_size, D) tile per block and KV head).
 
-The indices (``decode_index``) depend only on the block tables, so they are built once per
-forward and shared by every layer. ``gather_blocks`` is the gathering path, kept for prefills
-that attend over cached tokens (several queries per row), and ``gather_index`` / ``gather_kv``
-the simplest version of it for a token-major pool, which Lab 3's exercise writes and its check
-uses as a reference.
+Their indices (``decode_index``) depend only on the block tables, so ``prepare`` builds them
+once per forward for every layer. ``inferlab.benchmarks.attention_paths`` times these paths
+beside contiguous attention (Lab 3, ``python -m inferlab.benchmarks.paged``).
 
-``inferlab.benchmarks.attention_paths`` sets one batch of K/V up both ways (contiguous and paged)
-and returns these implementations as functions, for Lab 3 and ``python -m
-inferlab.benchmarks.paged`` to time side by side.
+Letters: N packed tokens, H query heads, K KV heads, D head dim, S block size, W blocks a row
+reads.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from inferlab.serving.block_manager import BlockTable
+from inferlab.serving.block_manager import BlockTable, blocks_for
 
 
-def gather_index(tables: list[BlockTable], lengths: list[int],
-                 device: str | torch.device = "cpu") -> torch.Tensor:
-    """Slots (B, N) of tokens 0..lengths[b]-1 of each table; N = max(lengths), padded with 0.
+@dataclass(frozen=True)
+class Segment:
+    """A row of more than one new token (or a one-token row after the decodes): where its
+    tokens sit in the packed row, and what it attends over beyond them."""
 
-    Padding points at slot 0, which holds some other sequence's K/V: mask those keys out.
-    """
-    idx = torch.zeros(len(tables), max(lengths), dtype=torch.long, device=device)
-    for b, (table, n) in enumerate(zip(tables, lengths)):
-        idx[b, :n] = table.slot_mapping(torch.arange(n, device=device))
-    return idx
+    offset: int                          # its first token's index in the packed row
+    length: int                          # T, its new tokens
+    tiles: torch.Tensor | None = None    # (K*W,) blocks to gather; None: nothing cached before
+    mask: torch.Tensor | None = None     # (1, 1, T, W*S): the keys each query sees
 
 
-def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """K or V from a token-major pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D).
+@dataclass(frozen=True)
+class RaggedMetadata:
+    """Everything one packed forward's attention needs, shared by every layer, and the pool it
+    reads and writes: what the model receives as its cache."""
 
-    The result is a transposed view: SDPA reads it with strides. The cache gathers with
-    ``gather_blocks`` instead.
-    """
-    B, N = index.shape
-    return pool[index.reshape(-1)].view(B, N, *pool.shape[1:]).transpose(1, 2)  # (B, K, N, D)
+    pool: object                         # the PagedKVCache (``write``, its K/V, its buffers)
+    tables: tuple[BlockTable, ...]       # each row's block table
+    query_lens: tuple[int, ...]          # new tokens of each row
+    slot_blocks: torch.Tensor            # (N,) where each new token's K/V go
+    slot_offsets: torch.Tensor           # (N,)
+    last_index: torch.Tensor             # (R,) each row's last token in the packed row
+    decode_rows: int                     # the leading one-token rows, attended together
+    decode_tables: torch.Tensor | None   # (d, W) their block tables
+    decode_context: torch.Tensor | None  # (d,) keys each of them attends over
+    key_rows: torch.Tensor | None        # paged_decode's indices (CPU path)
+    value_rows: torch.Tensor | None
+    decode_mask: torch.Tensor | None     # (d, 1, W*S); None: every key
+    segments: tuple[Segment, ...]
+    fused: bool                          # decodes through the Triton kernel
+
+    @property
+    def batch(self) -> int:
+        return len(self.query_lens)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's call at every layer: write k, v (1, K, N, D) into the pool at the new
+        tokens' slots and attend q (1, H, N, D) by segment: (1, H, N, D)."""
+        k, v, k_pool, v_pool = self.pool.write(layer, self, k, v)
+        H, K, d = q.shape[1], k.shape[1], self.decode_rows
+        out = torch.empty_like(q)
+        if d:  # the leading one-token rows together, each reading its blocks in place
+            qd = q[0, :, :d].transpose(0, 1).unsqueeze(2)  # (d, H, 1, D)
+            if self.fused:
+                from inferlab.serving.paged_triton import paged_decode_attention
+                od = paged_decode_attention(qd.contiguous(), k_pool, v_pool, self.decode_tables,
+                                            self.decode_context)
+            else:
+                od = paged_decode(qd, k_pool, v_pool, self.key_rows, self.value_rows,
+                                  self.decode_mask)
+            out[0, :, :d] = od[:, :, 0].transpose(0, 1)
+        for seg in self.segments:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            if seg.tiles is None:  # the sequence starts here: attend its own new tokens
+                out[:, :, rows] = F.scaled_dot_product_attention(
+                    q[:, :, rows], k[:, :, rows], v[:, :, rows], is_causal=seg.length > 1,
+                    enable_gqa=H != K)
+            else:  # continue a cached prompt: its blocks, the causal mask shifted by the cache
+                k_all, v_all = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
+                out[:, :, rows] = F.scaled_dot_product_attention(
+                    q[:, :, rows], k_all, v_all, attn_mask=seg.mask, enable_gqa=H != K)
+        return out
 
 
 def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
@@ -72,11 +128,61 @@ def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor
     return list(host.split(sizes))
 
 
-def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Tiles (B x K x W,) of a (blocks x K, ...) view of the pool, in (b, k, j) order.
+def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int], pool):
+    """Input ids (1, N), positions (1, N) and the ``RaggedMetadata`` of one packed forward over
+    ``pool`` (a ``PagedKVCache``).
 
-    ``block_tables`` (B, W) holds each row's physical blocks (padding: any valid block).
+    Row b brings ``tokens[b]``, the tokens at positions ``starts[b]`` onwards of the sequence
+    whose table is ``tables[b]``; the table must have slots for them. Put the one-token rows
+    first: they are attended together.
     """
+    lens, S, (_, _, K, D, _), device = [len(t) for t in tokens], pool.block_size, pool.k.shape, \
+        pool.k.device
+    if not lens or min(lens) < 1 or len(tables) != len(lens) or len(starts) != len(lens):
+        raise ValueError("need one table, one start and at least one new token for every row")
+    for b, (table, start, n) in enumerate(zip(tables, starts, lens)):
+        if start < 0 or start + n > table.num_tokens:
+            raise ValueError(f"row {b} runs positions {start}..{start + n - 1} but its table "
+                             f"holds {table.num_tokens} slots; append to the table first")
+    d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
+    positions = [range(s, s + n) for s, n in zip(starts, lens)]
+    width = [blocks_for(s + n, S) for s, n in zip(starts, lens)]  # blocks each row reads
+    wd = max(width[:d], default=0)
+    cached = [b for b in range(d, len(lens)) if starts[b] > 0]
+    ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
+    ids, pos, blocks, offsets, last, dec_tables, dec_context, *seg_tables = to_device([
+        [x for row in tokens for x in row],
+        [p for ps in positions for p in ps],
+        [t.blocks[p // S] for t, ps in zip(tables, positions) for p in ps],
+        [p % S for ps in positions for p in ps],
+        ends,
+        [x for b in range(d) for x in tables[b].blocks[:width[b]] + [0] * (wd - width[b])],
+        [starts[b] + 1 for b in range(d)],
+        *[tables[b].blocks[:width[b]] for b in cached]], device)
+    decode_tables = dec_tables.view(d, wd) if d else None
+    key_rows = value_rows = decode_mask = None
+    fused = pool.use_triton and d > 0
+    if d and not fused:
+        key_rows, value_rows = decode_index(decode_tables, K, pool.group, D, S)
+        if any(starts[b] + 1 != wd * S for b in range(d)):  # some keys are padding
+            decode_mask = (torch.arange(wd * S, device=device) < dec_context.view(d, 1))[:, None]
+    segments, tables_of = [], dict(zip(cached, seg_tables))
+    for b in range(d, len(lens)):
+        first, tiles, mask = ends[b] - lens[b] + 1, None, None
+        if b in tables_of:  # it continues a cached prompt: its blocks, the mask shifted
+            tiles = block_gather_index(tables_of[b].view(1, -1), K)
+            keys = torch.arange(width[b] * S, device=device)
+            mask = (keys <= pos[first:ends[b] + 1].view(-1, 1))[None, None]  # (1, 1, T, keys)
+        segments.append(Segment(first, lens[b], tiles, mask))
+    meta = RaggedMetadata(pool, tuple(tables), tuple(lens), blocks, offsets, last, d,
+                          decode_tables, dec_context if d else None, key_rows, value_rows,
+                          decode_mask, tuple(segments), fused)
+    return ids.view(1, -1), pos.view(1, -1), meta
+
+
+def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Tiles (B x K x W,) of a (blocks x K, ...) view of the pool, in (b, k, j) order, from each
+    row's physical blocks ``block_tables`` (B, W) (padding: any valid block)."""
     heads = torch.arange(n_kv_heads, device=block_tables.device)
     return (block_tables[:, None, :] * n_kv_heads + heads[None, :, None]).reshape(-1)
 
@@ -102,12 +208,9 @@ def decode_index(block_tables: torch.Tensor, n_kv_heads: int, group: int, head_d
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  key_rows: torch.Tensor, value_rows: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode attention of q (B, H, 1, D) over one layer's pool, read in place: (B, H, 1, D).
-
-    ``k_pool`` (blocks, K, D, S) and ``v_pool`` (blocks, K, S, D); ``key_rows`` and
-    ``value_rows`` from ``decode_index``; ``mask`` (B, 1, W*S) says which keys each row sees
-    (None: all of them). Equal to SDPA over the gathered K/V.
-    """
+    """Decode attention of q (B, H, 1, D) over one layer's pool, read in place: (B, H, 1, D),
+    equal to SDPA over the gathered K/V. ``key_rows``, ``value_rows``: ``decode_index``'s;
+    ``mask`` (B, 1, W*S): the keys each row sees (None: all of them)."""
     B, H, _, D = q.shape
     S = v_pool.shape[2]
     W = key_rows.shape[0] // (B * H)

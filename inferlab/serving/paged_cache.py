@@ -1,36 +1,36 @@
-"""The paged K/V pool: where each forward's new K/V go, and what each row attends over.
+"""The paged K/V pool: every layer's K and V in fixed-size blocks, and where new K/V go.
 
-The pool holds every layer's K and V in fixed-size blocks: keys (L, blocks, K, D, block_size)
-and values (L, blocks, K, block_size, D), so one block of one KV head is one contiguous tile,
-keys transposed as vLLM stores them. Decode attention reads the tiles where they lie: on a CPU
-with two ``embedding_bag`` sums (``inferlab.serving.paged_attention.paged_decode``), on a GPU
-with the fused Triton kernel (``inferlab.serving.paged_triton``); a prefill over cached tokens
-gathers them into the (B, K, N, D) layout SDPA reads. Which block belongs to which sequence is
-the block manager's business (``inferlab.serving.block_manager``).
+The pool holds keys (L, blocks, K, D, block_size) and values (L, blocks, K, block_size, D), so
+one block of one KV head is one contiguous tile, keys transposed as vLLM stores them. Which
+block belongs to which sequence is the block manager's business
+(``inferlab.serving.block_manager``); how a forward attends over the blocks is
+``inferlab.serving.paged_attention``'s. The engine's runner builds each forward's metadata
+over this pool there (``paged_attention.prepare``), and the metadata writes each layer's new
+K/V here (``write``) before it attends.
 
-Once per forward, not once per layer, the model runner turns the rows' block tables into the
-forward's metadata (``prepare``: ``inferlab.serving.ragged.RaggedMetadata``, nano-vllm's
-``prepare_prefill`` / ``prepare_decode`` in one): the rows' new tokens packed end to end in one
-row (1, N), where each one's K/V go (block and offset), and what each row attends over. It is
-built from Python lists and reaches the device in ONE copy, so a step costs no host-device
-round trip per sequence, and ``attend`` (called by the model at every layer) only writes and
-reads.
+Lab 3 and Chapter 6 drive the pool by hand instead, with a padded (B, T) batch: ``bind(tables)``
+says which sequence each row of the batch is (and runs the copies that copy-on-write queued,
+since those callers fork tables), and the model is then called with the pool itself as its
+cache. Each row's T new tokens are the last T of its table; at the first layer the pool builds
+the forward's metadata itself, packs the batch into one row for attention, unpacks the
+result, and forgets the metadata after the last layer. The engine never forks, binds or pads.
 
-``bind(tables, metadata)`` says which sequences the next forward runs (and runs the queued
-copy-on-write copies first). Lab 3's hand-written loops bind the tables alone and run a padded
-(B, T) batch, each row's T new tokens the last T of its table: the cache then prepares the same
-metadata at the first layer, packs the batch into one row for attention and unpacks the
-result, and forgets the metadata after the last layer.
+``block_bytes`` says what one block costs in memory, and ``pool_blocks_for`` how many blocks
+the engine gives a pool: the one sizing rule of the offline engine and the server.
 """
 
 from __future__ import annotations
 
 import torch
 
-from inferlab.analysis import formulas
-from inferlab.serving import ragged
-from inferlab.serving.block_manager import BlockManager, BlockTable
+from inferlab.device import free_memory_bytes
+from inferlab.model.config import kv_bytes_per_token
+from inferlab.serving import paged_attention
+from inferlab.serving.block_manager import BlockManager, BlockTable, blocks_for
 from inferlab.validation import positive_ints
+
+# Share of the device's free memory that the engine may give the KV pool when it sizes it.
+POOL_MEMORY_FRACTION = 0.8
 
 
 def cache_dtype(model, config=None) -> torch.dtype:
@@ -49,10 +49,21 @@ def block_bytes(model, block_size: int, config=None) -> int:
     weight's: an int8-quantized model still computes, and caches K/V, in floats), int8 with a
     float32 scale per token and head (``inferlab.serving.paged_int8``)."""
     c, dtype = model.config, cache_dtype(model, config)
-    per_token = formulas.kv_bytes_per_token(c, dtype.itemsize)
+    per_token = kv_bytes_per_token(c, dtype.itemsize)
     if dtype == torch.int8:     # K's and V's float32 scale, per layer and KV head
         per_token += 2 * c.n_layers * c.n_kv_heads * 4
     return block_size * per_token
+
+
+def pool_blocks_for(model, longest: int, config,
+                    memory_fraction: float = POOL_MEMORY_FRACTION) -> int:
+    """The engine's one sizing rule: ``config.max_batch`` sequences of ``longest`` tokens, at
+    most what ``memory_fraction`` of the device's free memory holds. A server that cannot know
+    its requests passes the model's context length."""
+    wanted = config.max_batch * blocks_for(longest, config.block_size)
+    affordable = int(free_memory_bytes(model.device) * memory_fraction) // \
+        block_bytes(model, config.block_size, config)
+    return max(1, min(wanted, affordable))
 
 
 class PagedKVCache:
@@ -76,11 +87,10 @@ class PagedKVCache:
         self.compute_dtype = dtype  # the dtype attention reads K and V in
         self.group = n_heads // n_kv_heads
         self.memory = memory
-        self.block_size = memory.block_size
-        self.tables: list[BlockTable] = []
-        self.metadata: ragged.RaggedMetadata | None = None
-        self._padded: tuple[int, int] | None = None  # (B, T) of a padded batch bound alone
-        self._buffers: dict[str, torch.Tensor] = {}  # reused gather buffers (prefill with context)
+        self.block_size = S
+        self.buffers: dict[str, torch.Tensor] = {}  # reused gather buffers (prefill with context)
+        self.tables: list[BlockTable] = []  # a padded batch's rows (``bind``)
+        self._padded: paged_attention.RaggedMetadata | None = None  # its metadata, per forward
         if use_triton is None:  # the fused kernel on a GPU that can run it, the gather elsewhere
             from inferlab.serving import paged_triton
             use_triton = self.k.device.type == "cuda" and paged_triton.available(self.k.device)
@@ -117,82 +127,58 @@ class PagedKVCache:
         """An empty block table drawing on this cache's allocator."""
         return BlockTable(self.allocator, self.block_size)
 
+    def write(self, layer: int, meta, k: torch.Tensor, v: torch.Tensor):
+        """Store the new tokens' k, v (1, K, N, D) at their slots (``meta``, a
+        ``RaggedMetadata``); return what attention reads: k, v as stored and the layer's pools."""
+        if k.dtype != self.compute_dtype:
+            raise ValueError(f"k is {k.dtype} but this pool computes in {self.compute_dtype}")
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
+        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = k[0].transpose(0, 1)  # (N, K, D)
+        v_pool[meta.slot_blocks, :, meta.slot_offsets] = v[0].transpose(0, 1)
+        return k, v, k_pool, v_pool
+
+    # -- a padded batch driven by hand (Lab 3, Chapter 6), not the engine --------------------
     def copy_pending(self) -> None:
         """Run the allocator's queued copy-on-write copies (all layers), oldest first."""
         for source, dest in self.allocator.take_copies():
             for t in self.pools:
                 t[:, dest] = t[:, source]
 
-    def prepare(self, tables: list[BlockTable], tokens: list[list[int]], starts: list[int]):
-        """``ragged.prepare`` for this pool: input ids and positions (1, N) and the metadata of
-        one forward whose row b runs ``tokens[b]`` from position ``starts[b]`` of ``tables[b]``."""
-        return ragged.prepare(tables, tokens, starts, self.block_size, self.k.shape[2],
-                              self.k.shape[3], self.k.device, self.use_triton, self.group)
-
-    def bind(self, tables: list[BlockTable],
-             metadata: ragged.RaggedMetadata | None = None) -> None:
-        """Say which sequences the next forward runs: row b of the batch is ``tables[b]``.
-
-        Each table must already have room for the new tokens (``table.append``). Queued
-        copy-on-write copies are done here, before any layer writes.
-        """
+    def bind(self, tables: list[BlockTable]) -> None:
+        """Say which sequences the next padded forward runs: row b of the batch is
+        ``tables[b]``, each with room for its new tokens already (``table.append``). Queued
+        copy-on-write copies are done here, before any layer writes."""
         for table in tables:
             if table.allocator is not self.allocator:
                 raise ValueError("a table from another allocator was bound to this cache")
-        if metadata is not None and metadata.batch != len(tables):
-            raise ValueError(f"metadata for {metadata.batch} rows, {len(tables)} tables bound")
         self.copy_pending()
-        self.tables, self.metadata, self._padded = list(tables), metadata, None
-
-    def _prepare_padded(self, q: torch.Tensor, positions: torch.Tensor) -> None:
-        """Lab 3's padded batch (B, T): row b's T new tokens are the last T of table b."""
-        B, T = q.shape[0], q.shape[2]
-        if len(self.tables) != B:
-            raise ValueError(f"the batch has {B} rows but {len(self.tables)} tables are bound; "
-                             "call cache.bind(tables) before the forward")
-        starts = [t.num_tokens - T for t in self.tables]
-        if min(starts) < 0:
-            raise ValueError(f"a row runs {T} new tokens but its table holds fewer; call "
-                             "table.append first")
-        _, pos, self.metadata = self.prepare(self.tables, [[0] * T] * B, starts)
-        given = positions.expand(B, T) if positions.dim() == 1 else positions
-        if given.device.type == "cpu" and not torch.equal(given.to(pos.device), pos.view(B, T)):
-            raise ValueError("the positions passed to the model are not the last tokens of the "
-                             "bound tables: append to each table first, then run its newest "
-                             "tokens")
-        self._padded = (B, T)
+        self.tables, self._padded = list(tables), None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        """Write k, v (1, K, N, D) into the pool; attend q (1, H, N, D) causally, row by row of
-        the bound metadata. A padded batch (B, K, T, D), bound without metadata, is packed
-        into one row here and unpacked after."""
-        if self.metadata is None:  # Lab 3's padded batch: prepare at layer 0, for this forward
-            self._prepare_padded(q, positions)
-        meta, padded = self.metadata, self._padded
-        if padded is not None:
-            if layer == self.k.shape[0] - 1:
-                self.metadata = self._padded = None
-            q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3])
-                       for x in (q, k, v))  # (B, h, T, D) -> (1, h, B*T, D)
-        H, N, D = q.shape[1:]
-        K = self.k.shape[2]
-        if k.shape != (1, K, N, D) or N != sum(meta.query_lens) or k.dtype != self.compute_dtype:
-            raise ValueError(f"k is {tuple(k.shape)} {k.dtype}; a forward of these rows takes "
-                             f"{(1, K, sum(meta.query_lens), D)} {self.compute_dtype}")
-        rows_k = k[0].transpose(0, 1)  # (N, K, D), in slot order
-        rows_v = v[0].transpose(0, 1)
-        k, v, k_pool, v_pool = self._store(layer, meta, k, v, rows_k, rows_v)
-        out = ragged.attend(meta, q, k, v, k_pool, v_pool, self._buffers)  # (1, H, N, D)
-        if padded is not None:
-            B, T = padded
-            out = out[0].view(H, B, T, D).transpose(0, 1)  # (B, H, T, D)
-        return out
-
-    def _store(self, layer, meta, k, v, rows_k, rows_v):
-        """Write the new tokens' K and V (``rows_*``: (rows, K, D)) at their slots; return what
-        attention reads: the new k, v (B, K, T, D) and the layer's pools."""
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (blocks, K, D, S), (blocks, K, S, D)
-        k_pool[meta.slot_blocks, :, :, meta.slot_offsets] = rows_k
-        v_pool[meta.slot_blocks, :, meta.slot_offsets] = rows_v
-        return k, v, k_pool, v_pool
+        """The model's call for a padded batch q (B, H, T, D), k, v (B, K, T, D) over the bound
+        tables: row b's T new tokens are the last T of table b. Packed into one row, written,
+        attended (``paged_attention``) and unpacked: (B, H, T, D)."""
+        B, H, T, D = q.shape
+        if layer == 0 or self._padded is None:  # a new forward: its metadata, once
+            if len(self.tables) != B:
+                raise ValueError(f"the batch has {B} rows but {len(self.tables)} tables are "
+                                 "bound; call cache.bind(tables) before the forward")
+            starts = [t.num_tokens - T for t in self.tables]
+            if min(starts) < 0:
+                raise ValueError(f"a row runs {T} new tokens but its table holds fewer; call "
+                                 "table.append first")
+            _, pos, self._padded = paged_attention.prepare(self.tables, [[0] * T] * B, starts,
+                                                           self)
+            given = positions.expand(B, T) if positions.dim() == 1 else positions
+            if given.device.type == "cpu" and not torch.equal(given.to(pos.device),
+                                                              pos.view(B, T)):
+                raise ValueError("the positions passed to the model are not the last tokens of "
+                                 "the bound tables: append to each table first, then run its "
+                                 "newest tokens")
+        meta = self._padded
+        if layer == self.k.shape[0] - 1:
+            self._padded = None
+        packed = [x.transpose(0, 1).reshape(1, x.shape[1], -1, D) for x in (q, k, v)]
+        out = meta.attend(layer, *packed)  # (B, h, T, D) -> (1, h, B*T, D) and back
+        return out[0].view(H, B, T, D).transpose(0, 1)

@@ -40,20 +40,22 @@ class Int8PagedKVCache(PagedKVCache):
         self.pools = (self.k, self.v, self.k_scale, self.v_scale)  # copy-on-write copies all
         self.compute_dtype = dtype
 
-    def _store(self, layer, meta, k, v, rows_k, rows_v):
-        """Quantize the new tokens' K and V, store codes and scales at their slots; return the
-        new k, v rounded as stored and the layer's pools dequantized to the compute dtype."""
+    def write(self, layer, meta, k, v):
+        """Quantize the new tokens' k, v (1, K, N, D), store codes and scales at their slots;
+        return the new k, v rounded as stored and the layer's pools dequantized to the compute
+        dtype."""
+        if k.dtype != self.compute_dtype:
+            raise ValueError(f"k is {k.dtype} but this pool computes in {self.compute_dtype}")
         blocks, offsets = meta.slot_blocks, meta.slot_offsets
-        codes_k, scale_k = Int8KVCache.quantize(rows_k)  # (rows, K, D) int8, (rows, K, 1)
-        codes_v, scale_v = Int8KVCache.quantize(rows_v)
+        codes_k, scale_k = Int8KVCache.quantize(k[0].transpose(0, 1))  # (N, K, D), (N, K, 1)
+        codes_v, scale_v = Int8KVCache.quantize(v[0].transpose(0, 1))
         self.k[layer][blocks, :, :, offsets] = codes_k
         self.v[layer][blocks, :, offsets] = codes_v
         self.k_scale[layer][blocks, :, offsets] = scale_k[..., 0]
         self.v_scale[layer][blocks, :, offsets] = scale_v[..., 0]
         cd = self.compute_dtype
-        B, K, T, D = k.shape
-        k = (codes_k.float() * scale_k).to(cd).view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
-        v = (codes_v.float() * scale_v).to(cd).view(B, T, K, D).transpose(1, 2)
+        k = (codes_k.float() * scale_k).to(cd).transpose(0, 1)[None]  # (1, K, N, D)
+        v = (codes_v.float() * scale_v).to(cd).transpose(0, 1)[None]
         k_pool = (self.k[layer].float() * self.k_scale[layer][:, :, None, :]).to(cd)
         v_pool = (self.v[layer].float() * self.v_scale[layer][..., None]).to(cd)
         return k, v, k_pool, v_pool  # pools: (blocks, K, D, S), (blocks, K, S, D)

@@ -129,10 +129,10 @@ class PrefixCachingBlockManager(BlockManager):
         return self.cache.num_evictable
 
     def allocate_sequence(self, seq) -> tuple[BlockTable, int]:
-        return self.cache.allocate_prompt(seq.tokens, seq.cache_salt)
+        return self.cache.allocate_prompt(seq.tokens, seq.request.cache_salt)
 
     def remember(self, seq) -> None:
-        self.cache.insert(seq.table, seq.tokens[:seq.num_computed], seq.cache_salt)
+        self.cache.insert(seq.table, seq.tokens[:seq.num_computed], seq.request.cache_salt)
 
     def make_room(self, n_blocks: int) -> bool:
         """Evict cached blocks until ``n_blocks`` are free, if that many can be."""

@@ -125,6 +125,7 @@ class ContiguousManager(MemoryManager):
 
     reserves_ahead = True  # a region holds room for tokens not produced yet
     block_size = 1         # it hands out slots, not blocks
+    num_cached_only = 0    # no prefix cache
 
     def __init__(self, capacity: int, reservation: str, max_len: int = 2048,
                  slots_fn: Callable[..., int] = slots_held):
@@ -166,6 +167,17 @@ class ContiguousManager(MemoryManager):
         region = Region(self.space, start, size)
         region.append(tokens)
         return region
+
+    def allocate_sequence(self, seq) -> tuple[Region, int]:
+        """A region for ``seq`` (a ``Sequence``) at its longest, its tokens so far in it."""
+        return self.allocate(seq.num_tokens, seq.max_tokens), 0
+
+    def remember(self, seq) -> None:
+        """No prefix cache: nothing to remember."""
+
+    def make_room(self, n_blocks: int) -> bool:
+        """A region never grows: there is no room to make."""
+        return False
 
     def __repr__(self) -> str:
         return (f"ContiguousManager({self.reservation}, {self.num_free}/{self.num_blocks} "

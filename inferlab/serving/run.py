@@ -1,23 +1,20 @@
 """What a serving run returns: a ``Result`` per request and the ``Run`` that holds them.
 
-``inferlab.serving.loop.StepLoop.run`` returns a ``Run``: one ``Result`` per request in the
-order given (its tokens and timings, or the error that refused it), the ``Iteration`` log
-(``inferlab.serving.iteration``), the preemptions, the configuration, and a ``summary()`` in the
-metrics of ``inferlab.serving.metrics``.
+``inferlab.serving.loop.StepLoop.run`` (and so ``serve``) returns a ``Run``: one ``Result`` per
+request in the order given (its tokens and timings, or the error that refused it), the
+``Iteration`` log (``inferlab.serving.iteration``), the preemptions and the tokens they made the
+engine compute again, the configuration, and a ``summary()`` in the metrics of
+``inferlab.serving.metrics``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.iteration import Iteration
 from inferlab.serving.metrics import SLO, RequestTiming, Summary, summarize
-from inferlab.serving.request import Request
-
-if TYPE_CHECKING:
-    from inferlab.serving.scheduler import Scheduler
+from inferlab.serving.request import Request, Sequence
 
 
 @dataclass(frozen=True)
@@ -40,12 +37,14 @@ class Result:
 @dataclass
 class Run:
     """A serving run: one ``Result`` per request (in the order given), the iteration log, the
-    preemptions, and the configuration it ran with (``num_blocks`` filled in)."""
+    preemptions and the tokens whose K/V they threw away (computed again: ``recomputed_tokens``),
+    and the configuration it ran with (``num_blocks`` filled in)."""
 
     results: list[Result]
     iterations: list[Iteration] = field(default_factory=list)
     num_preemptions: int = 0
     config: ServingConfig | None = None
+    recomputed_tokens: int = 0
 
     @property
     def timings(self) -> list[RequestTiming | None]:
@@ -56,10 +55,11 @@ class Run:
         return summarize([r.timing for r in self.results if r.ok], slo)
 
 
-def collect_results(requests: list[Request], refused: dict[int, str], scheduler: Scheduler,
-                    stamps: dict[int, list[float]]) -> list[Result]:
-    """One ``Result`` per request, in the order given; sequence ids index ``requests``."""
-    done = {seq.seq_id: seq for seq in scheduler.finished}
+def results_of(requests: list[Request], refused: dict[int, str],
+               finished: list[Sequence]) -> list[Result]:
+    """One ``Result`` per request, in the order given: request i's is ``refused[i]``'s error,
+    or what its sequence (the finished one whose ``seq_id`` is i) produced and when."""
+    done = {seq.seq_id: seq for seq in finished}
     results = []
     for i, r in enumerate(requests):
         rid = i if r.request_id is None else r.request_id
@@ -68,6 +68,6 @@ def collect_results(requests: list[Request], refused: dict[int, str], scheduler:
             continue
         seq = done[i]
         results.append(Result(rid, r.prompt, tuple(seq.output),
-                              RequestTiming(r.arrival_s, tuple(stamps[i])), seq.num_preemptions,
-                              finish_reason=seq.finish_reason))
+                              RequestTiming(seq.arrival_s, tuple(seq.token_times)),
+                              seq.num_preemptions, finish_reason=seq.finish_reason))
     return results

@@ -13,26 +13,24 @@ The scheduler admits through a memory manager: the paged ``BlockManager`` by def
 the contiguous reservations of ``inferlab.serving.reservation``, which is how Chapter 3's
 memory experiment runs through this same code.
 
-Read in this order:
-
-- ``Step`` (``inferlab.serving.step``): what one iteration will run: prefills, decodes, the
-  padding rows a static batch keeps, and who was preempted.
-- ``Scheduler`` (here): the waiting and running queues and the only actions that change a
-  sequence (``admit``, ``append_slot``, ``preempt``, ``hold``, ``update``/``retire``,
-  ``abort``), each with the check a policy asks first (``can_admit``, ``can_append``). The model
-  runner only reads sequences.
-- the policies (``inferlab.serving.policies``): ``continuous_policy``, ``chunked_policy`` and
-  ``static_policy``, written with those actions; a policy is a function
-  ``policy(scheduler, now) -> Step``. Their names are importable from here too.
+The ``Scheduler`` holds the waiting and running queues and the only actions that change a
+sequence (``admit``, ``append_slot``, ``preempt``, ``hold``, ``retire``, ``abort``, and
+``update``, which records a step's tokens), each with the question a policy asks first
+(``can_admit``, ``can_append``). What runs each step is the policy's choice
+(``inferlab.serving.policies``: a function ``policy(scheduler, now) -> Step``); ``schedule``
+asks it, checks that the step keeps the rules, and lays it out as forward passes. The model
+runner only reads sequences.
 
 Token bookkeeping, the invariant the engine relies on: a running sequence's block table has a
-slot for every one of its tokens (admission allocates the whole prompt, ``append_slot`` one
-slot before each decode), and ``seq.num_computed`` says how many of them hold K/V. A step runs
+slot for every one of its tokens (admission allocates them all, ``append_slot`` one slot before
+each decode), and ``seq.num_computed`` says how many of them hold K/V. A step runs
 ``step.new_tokens(seq)`` of the uncomputed ones through the model (all of them, unless a chunk
-says fewer); the step that computes the last one samples the next token. So after each step that
-sampled a token the cache holds K/V for ``len(prompt) + len(output) - 1`` tokens, and the newest
+says fewer); the step that computes the last one keeps the next token. So after each step that
+kept a token the cache holds K/V for ``len(prompt) + len(output) - 1`` tokens, and the newest
 token's K/V is written by the next decode step, which feeds that token in. A sequence is done
 after ``max_new_tokens`` tokens or at an end-of-sequence token, whichever comes first.
+Preemption throws K/V away: the scheduler counts the tokens it threw away
+(``recomputed_tokens``), which are computed again when the sequence is admitted again.
 """
 
 from __future__ import annotations
@@ -43,14 +41,17 @@ import math
 from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import MemoryManager
-from inferlab.serving.policies import (POLICIES, chunked_policy, continuous_policy,
+from inferlab.serving.policies import (POLICIES, Step, chunked_policy, continuous_policy,
                                        make_static_policy, resolve_policy, static_policy)
 from inferlab.serving.request import Sequence, Status
-from inferlab.serving.step import SchedulingError, Step
 
 __all__ = ["POLICIES", "Scheduler", "SchedulingError", "Step", "chunked_policy",
            "continuous_policy", "make_static_policy", "resolve_policy", "static_policy"]
-# the policies and the step keep their names here too
+# the policies and the step keep their names here too, for the labs
+
+
+class SchedulingError(RuntimeError):
+    """A policy broke the rules: ran a sequence without room, or ran one twice in a step."""
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -70,9 +71,14 @@ class Scheduler:
     A finished sequence leaves the batch in ``update``, unless its policy ``hold``s it: static
     batching keeps its finished members, and their memory, until its batch is over (and says in
     ``step.padding`` which of them to compute as rows).
+
+    ``check`` says whether ``schedule`` checks every step against the rules (``check``); by
+    default it checks the steps of a policy the engine did not define (a lab's, a notebook's),
+    and trusts its own, which the property tests run with ``check=True``.
     """
 
-    def __init__(self, config: ServingConfig, memory: MemoryManager | None = None):
+    def __init__(self, config: ServingConfig, memory: MemoryManager | None = None,
+                 check: bool | None = None):
         if memory is None:
             if config.num_blocks is None:
                 raise ValueError("the scheduler needs config.num_blocks (or a memory manager)")
@@ -83,10 +89,12 @@ class Scheduler:
         self.max_prefill_tokens = config.max_prefill_tokens or math.inf
         self.token_budget = config.token_budget  # None: whole prompts, a forward pass each
         self.policy = resolve_policy(config.policy)
+        self.checks = self.policy not in POLICIES.values() if check is None else check
+        self.one_forward = config.chunked  # chunked prefill: a step is one forward pass
         self.waiting: list[Sequence] = []   # sorted by arrival
         self.running: list[Sequence] = []   # sorted by arrival
-        self.finished: list[Sequence] = []
         self.num_preemptions = 0
+        self.recomputed_tokens = 0  # tokens whose K/V a preemption threw away
         self._held: set[Sequence] = set()  # running sequences ``update`` does not retire
 
     # -- questions a policy asks ------------------------------------------------------------
@@ -105,9 +113,8 @@ class Scheduler:
         return seq.table.can_append(1) or self.memory.make_room(seq.table.blocks_needed(1))
 
     def is_prefilling(self, seq: Sequence) -> bool:
-        """Whether a running ``seq`` still has prompt tokens to compute (a chunked prompt):
-        admission gave it slots for all its tokens, and not all of them hold K/V yet. A running
-        sequence that is not prefilling is decoding: it needs a slot for its newest token."""
+        """Whether a running ``seq`` has slots whose K/V are not computed yet (a chunked prompt);
+        if not, it is decoding."""
         return seq.num_computed < seq.table.num_tokens
 
     @property
@@ -121,7 +128,7 @@ class Scheduler:
         A sequence may arrive with its cache: ``seq.num_computed`` leading tokens whose K/V were
         computed elsewhere and travel with it (a disaggregated decode instance receives each
         request so, from the prefill instance that ran its prompt). ``admit`` keeps them; at
-        least the newest token is left to compute, since that step samples the next one.
+        least the newest token is left to compute, since that step keeps the next one.
         """
         if seq.status is not Status.WAITING or seq.table is not None:
             raise SchedulingError(f"only new sequences can be added, got {seq!r}")
@@ -180,7 +187,8 @@ class Scheduler:
         if seq.status is not Status.RUNNING:
             raise SchedulingError(f"preempt: {seq!r} is not running")
         self._leave(seq, Status.WAITING)
-        seq.num_computed = 0  # its K/V are gone: a recompute starts from the first token
+        self.recomputed_tokens += seq.num_computed  # its K/V are gone: computed again later
+        seq.num_computed = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         _insert(self.waiting, seq)
@@ -190,7 +198,6 @@ class Scheduler:
         if seq.status is not Status.RUNNING or not seq.is_done:
             raise SchedulingError(f"retire: {seq!r} is not a finished running sequence")
         self._leave(seq, Status.FINISHED)
-        self.finished.append(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Take ``seq`` out, waiting or running (or half-way, after a failure), and free its
@@ -199,28 +206,33 @@ class Scheduler:
             raise SchedulingError(f"abort: {seq!r} has already finished")
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self._leave(seq, Status.FINISHED)  # but not in ``finished``: it completed nothing
+        self._leave(seq, Status.FINISHED)
 
+    # -- a step: the policy's choice, checked and laid out; then its tokens recorded ---------
     def schedule(self, now: float = 0.0) -> Step:
-        """Ask the policy for the next step and check that it kept the rules."""
+        """Ask the policy for the next step, check that it kept the rules (``checks``), and lay
+        it out as forward passes (``Step.plan``)."""
         step = self.policy(self, now)
-        self._validate(step)
+        if self.checks:
+            self.check(step)
+        step.plan(self.one_forward)
         return step
 
-    def update(self, step: Step, tokens: list[int]) -> list[Sequence]:
-        """Record what each scheduled sequence computed and its new token (the token of a chunk
-        that leaves part of its prompt for later is dropped); retire the finished ones and
-        return them."""
-        scheduled = step.scheduled
+    def update(self, step: Step, tokens: list[int],
+               times: list[float] | None = None) -> list[Sequence]:
+        """Record what each of ``step.scheduled`` computed, and the token (and its time) of each
+        that keeps one; retire the finished ones and return them."""
+        scheduled, done = step.scheduled, []
         if len(tokens) != len(scheduled):
             raise ValueError(f"{len(tokens)} tokens for {len(scheduled)} scheduled sequences")
-        done = []
-        for seq, token in zip(scheduled, tokens):
-            if not step.samples(seq):
-                seq.num_computed += step.new_tokens(seq)  # part of its prompt is left: no token
+        for i, seq in enumerate(scheduled):
+            if not step.emits(seq):  # a chunk that leaves part of its prompt: no token
+                seq.num_computed += step.new_tokens(seq)
                 continue
             seq.num_computed = seq.num_tokens
-            seq.output.append(int(token))
+            seq.output.append(int(tokens[i]))
+            if times is not None:
+                seq.token_times.append(times[i])
             if seq in step.prefills:
                 self.memory.remember(seq)  # its prompt's blocks, for a prefix cache
             if seq.is_done:
@@ -229,19 +241,23 @@ class Scheduler:
                     self.retire(seq)
         return done
 
-    def _validate(self, step: Step) -> None:
-        seen = set()
-        chunked = self.token_budget is not None
-        if step.chunks and not chunked:
+    def check(self, step: Step) -> None:
+        """Raise ``SchedulingError`` unless ``step`` keeps the rules: every running sequence that
+        is not done (or mid-prompt, chunked) runs once, with a slot for each of its tokens and
+        at least one of them uncomputed; chunks and the token budget only with a budget;
+        padding rows are finished members riding along with a decode batch."""
+        budget = self.token_budget
+        if step.chunks and budget is None:
             raise SchedulingError("a step with prefill chunks needs config.token_budget: "
                                   "chunks run in one forward pass with the decodes")
-        if chunked and step.num_tokens > self.token_budget:
+        if budget is not None and step.num_tokens > budget:
             raise SchedulingError(f"the step runs {step.num_tokens} tokens but the token budget "
-                                  f"is {self.token_budget}: decodes take one each, and prefill "
-                                  "chunks only what is left")
+                                  f"is {budget}: decodes take one each, and prefill chunks only "
+                                  "what is left")
         if step.padding and not step.decodes:
             raise SchedulingError("padding rows ride along with a decode batch; this step has "
                                   "no decodes")
+        seen = set()
         for kind, seqs in (("prefill", step.prefills), ("decode", step.decodes),
                            ("padding row", step.padding)):
             for seq in seqs:
@@ -251,31 +267,24 @@ class Scheduler:
                 if seq.status is not Status.RUNNING:
                     raise SchedulingError(f"{kind} of {seq!r}, which is not running: admit it "
                                           "first (and do not run a sequence you preempted)")
+                if (kind == "padding row") != seq.is_done:
+                    raise SchedulingError(f"{kind} of {seq!r}, which is " + (
+                        "already done" if seq.is_done else "not done: a live sequence decodes, "
+                        "only a finished one can be padding"))
                 if kind == "padding row":
-                    if not seq.is_done:
-                        raise SchedulingError(f"padding row of {seq!r}, which is not done: "
-                                              "a live sequence decodes, only a finished one "
-                                              "can be padding")
                     continue
-                n = seq.num_tokens
-                if seq.table.num_tokens != n:
+                new, left = step.new_tokens(seq), seq.num_uncomputed
+                if seq.table.num_tokens != seq.num_tokens or not 0 < new <= left:
                     raise SchedulingError(
-                        f"{kind} of {seq!r}: its block table holds {seq.table.num_tokens} "
-                        f"tokens but the step needs room for {n} (prefill: admit "
-                        "gives room for every token; decode: call append_slot once)")
-                if seq.is_done:
-                    raise SchedulingError(f"{kind} of {seq!r}, which is already done")
-                left, new = seq.num_uncomputed, step.new_tokens(seq)
-                if not 0 < new <= left:
-                    raise SchedulingError(f"{kind} of {seq!r} runs {new} tokens; it has "
-                                          f"{left} still to compute (a chunk "
-                                          "runs at least one and at most all of them)")
-                if chunked and kind == "decode" and left != 1:
+                        f"{kind} of {seq!r} runs {new} of its {left} uncomputed tokens, and its "
+                        f"block table holds {seq.table.num_tokens} tokens for its "
+                        f"{seq.num_tokens} (prefill: admit gives room for every token; decode: "
+                        "call append_slot once; a chunk runs from one token to all of them)")
+                if kind == "decode" and budget is not None and left != 1:
                     raise SchedulingError(f"decode of {seq!r}, whose prompt is not computed "
                                           "yet: it needs prefill chunks first")
-        if len(seen) < len(self.running):
-            for seq in self.running:  # a finished (held) one, or one mid-prompt, may wait
-                if id(seq) not in seen and not seq.is_done \
-                        and not (chunked and self.is_prefilling(seq)):
-                    raise SchedulingError(f"{seq!r} is running but got no token this step: "
-                                          "every running sequence decodes in every step")
+        for seq in self.running:  # a finished (held) one, or one mid-prompt, may wait
+            if id(seq) not in seen and not seq.is_done \
+                    and not (budget is not None and self.is_prefilling(seq)):
+                raise SchedulingError(f"{seq!r} is running but got no token this step: "
+                                      "every running sequence decodes in every step")

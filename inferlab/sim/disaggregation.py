@@ -42,9 +42,10 @@ import math
 from dataclasses import dataclass
 
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Result, Run, StepLoop, VirtualClock
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request, Sequence
+from inferlab.serving.run import Result, Run
 from inferlab.serving.scheduler import Scheduler
 from inferlab.sim.simulator import CostModel, SimRunner
 
@@ -128,13 +129,13 @@ class _Node:
     """One instance: its role, its ``StepLoop`` on its own clock, and its outgoing link."""
 
     def __init__(self, role: str, index: int, config: ServingConfig, costs: CostModel,
-                 start_s: float = 0.0):
+                 start_s: float = 0.0, on_token=None):
         self.role, self.index, self.config, self.costs = role, index, config, costs
         self.clock = VirtualClock()
         self.clock.skip_to(start_s)
         self.scheduler = Scheduler(config)
         runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None)
-        self.server = StepLoop(self.scheduler, runner, self.clock)
+        self.server = StepLoop(self.scheduler, runner, self.clock, on_token=on_token)
         self.alive, self.link_free_s = True, 0.0
 
     def load(self, now: float) -> tuple:
@@ -153,11 +154,13 @@ class _Sim:
     def __init__(self, requests: list[Request], cluster: Cluster, failure: Failure | None):
         c = cluster
         self.requests, self.cluster, self.failure = requests, c, failure
-        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs) for i in range(n)]  # noqa
+        self.times: dict[int, list[float]] = {}  # every token's time, on whichever instance
+        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs, on_token=self.stamp)  # noqa
+                                     for i in range(n)]
         self.front = make("colocated", c.colocated, c.colocated_config) or \
             make("prefill", c.prefill, c.prefill_config)
         self.back = make("decode", c.decode, c.decode_config)
-        self.retired: list[StepLoop] = []  # servers of failed instances (their stamps count)
+        self.retired: list[StepLoop] = []  # the loops of failed instances
         self.served_by: dict[int, _Node] = {}
         self.final: dict[int, Sequence] = {}
         self.turn = 0
@@ -180,7 +183,8 @@ class _Sim:
         r = self.requests[i]
         node = self.pick(self.front, at_s)
         n_new = r.max_new_tokens if node.role == "colocated" else len(output) + 1
-        node.server.submit(Sequence(i, r.prompt, n_new, r.arrival_s, output=list(output)), at_s)
+        node.server.submit(Sequence(i, Request(r.prompt, n_new, r.arrival_s),
+                                    output=list(output)), at_s)
 
     def transfer(self, src: _Node, i: int, tokens: int, ready_s: float, output: list[int],
                  computed: int) -> None:
@@ -197,7 +201,7 @@ class _Sim:
         o = self.out
         o.transfers, o.transfer_bytes = o.transfers + 1, o.transfer_bytes + nbytes
         o.transfer_s, o.link_wait_s = o.transfer_s + end - start, o.link_wait_s + start - ready_s
-        seq = Sequence(i, r.prompt, r.max_new_tokens, r.arrival_s, output=list(output),
+        seq = Sequence(i, Request(r.prompt, r.max_new_tokens, r.arrival_s), output=list(output),
                        num_computed=computed)
         self.pick(self.back, ready_s).server.submit(seq, end)
         self.served_by[i] = src
@@ -231,7 +235,7 @@ class _Sim:
     def revive(self) -> None:
         f, t = self.failure, self.revive_at
         self.back[f.instance] = _Node("decode", f.instance, self.cluster.decode_config,
-                                      self.cluster.costs, t)
+                                      self.cluster.costs, t, on_token=self.stamp)
         self.revive_at = None
         parked, self.parked = self.parked, []
         for src, i, tokens, ready_s, output, computed in parked:
@@ -267,17 +271,17 @@ class _Sim:
                 self.finished(node, seq)
         return self.collect()
 
+    def stamp(self, seq: Sequence, token: int, time_s: float) -> None:
+        """Every instance's ``on_token``: when each token of request ``seq.seq_id`` came out."""
+        self.times.setdefault(seq.seq_id, []).append(time_s)
+
     def collect(self) -> ClusterRun:
-        stamps: dict[int, list[float]] = {}
-        for server in self.retired + [n.server for n in self.front + self.back]:
-            for i, times in server.stamps.items():
-                stamps.setdefault(i, []).extend(times)
         results = []
         for i, r in enumerate(self.requests):
             seq = self.final[i]
             rid = i if r.request_id is None else r.request_id
             results.append(Result(rid, r.prompt, tuple(seq.output),
-                                  RequestTiming(r.arrival_s, tuple(sorted(stamps[i]))),
+                                  RequestTiming(r.arrival_s, tuple(sorted(self.times[i]))),
                                   seq.num_preemptions, finish_reason=seq.finish_reason))
         self.out.run = Run(results)
         return self.out

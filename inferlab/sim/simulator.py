@@ -35,9 +35,12 @@ import torch
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
-from inferlab.serving.loop import Iteration, Run, StepLoop, VirtualClock
+from inferlab.serving.iteration import Iteration
+from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.paged_int8 import pool_for
+from inferlab.serving.policies import Span
 from inferlab.serving.request import Request, Sequence, longest_tokens
+from inferlab.serving.run import Run
 from inferlab.serving.runner import ModelRunner
 from inferlab.serving.scheduler import Scheduler
 from inferlab.timing import time_fn
@@ -181,24 +184,25 @@ def measure_costs(model, prefill_lens=(8, 32, 64, 128), batches=(1, 8, 16, 32),
     vocab = model.config.vocab_size
 
     def sequence(i: int, n_tokens: int) -> Sequence:
-        seq = Sequence(i, tuple(torch.randint(0, vocab, (n_tokens - 1,), generator=gen).tolist()),
-                       2, output=[int(torch.randint(0, vocab, (1,), generator=gen))])
+        prompt = tuple(torch.randint(0, vocab, (n_tokens - 1,), generator=gen).tolist())
+        seq = Sequence(i, Request(prompt, 2), output=[int(torch.randint(0, vocab, (1,),
+                                                                            generator=gen))])
         seq.table = cache.new_table()
         seq.table.append(seq.num_tokens)
         return seq
 
     prefills, decodes = [], []
     for t in prefill_lens:
-        rows = [(sequence(0, t), t)]  # a whole prompt: nothing computed yet
+        rows = [Span(sequence(0, t), t, 0, True, True)]  # a whole prompt: nothing computed yet
         prefills.append((t, time_fn(lambda: runner.forward(rows),
                                     min_run_time=min_run_time).median_s))
-        rows[0][0].table.free()
+        rows[0].seq.table.free()
     for n in batches:
         for c in contexts:
             seqs = [sequence(i, c) for i in range(n)]
             for seq in seqs:
                 seq.num_computed = c - 1  # decoding its newest token
-            rows = [(seq, 1) for seq in seqs]
+            rows = [Span(seq, 1, c - 1, False, True) for seq in seqs]
             s = time_fn(lambda: runner.forward(rows), min_run_time=min_run_time).median_s
             decodes.append((n, n * c, s))
             for seq in seqs:
@@ -228,8 +232,8 @@ def measure_costs_for(model, requests: list[Request], config: ServingConfig,
 class SimRunner(Runner):
     """Stands in for ``ModelRunner``: charges each forward's modelled time; emits token 0.
 
-    A row is a decode when it runs one token of a sequence whose prompt is computed
-    (``Sequence.is_decode_row``); the others are prompt work. Without a token budget
+    A row is a decode when it runs one token of a sequence whose prompt is computed (``not
+    row.prefill``); the others are prompt work. Without a token budget
     (``chunked=False``) a forward of prompt work is one whole prompt, priced by
     ``costs.prefill_s``, and a forward of decodes by ``costs.decode_s``; with one, every forward
     is priced by ``costs.step_s``.
@@ -238,16 +242,15 @@ class SimRunner(Runner):
     def __init__(self, costs: CostModel, clock: VirtualClock, chunked: bool = False):
         self.costs, self.clock, self.chunked = costs, clock, chunked
 
-    def forward(self, rows: list[tuple[Sequence, int]]) -> list[int]:
-        decode = [s.is_decode_row(n) for s, n in rows]
-        context = sum(s.table.num_tokens for (s, _), d in zip(rows, decode) if d)
+    def forward(self, rows: list[Span]) -> list[int]:
+        context = sum(r.seq.table.num_tokens for r in rows if not r.prefill)
         if self.chunked:
-            shape = [(n, s.num_computed) for (s, n), d in zip(rows, decode) if not d]
-            seconds = self.costs.step_s(shape, sum(decode), context)
-        elif all(decode):
+            shape = [(r.new, r.start) for r in rows if r.prefill]
+            seconds = self.costs.step_s(shape, len(rows) - len(shape), context)
+        elif not any(r.prefill for r in rows):
             seconds = self.costs.decode_s(len(rows), context)
         else:
-            seconds = self.costs.prefill_s(rows[0][0].num_tokens)
+            seconds = self.costs.prefill_s(rows[0].seq.num_tokens)
         self.clock.advance(seconds)
         return [0] * len(rows)
 

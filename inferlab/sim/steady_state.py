@@ -45,7 +45,7 @@ from functools import partial
 from typing import Callable
 
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.loop import Run
+from inferlab.serving.run import Run
 from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.serving.request import Request
 from inferlab.sim.simulator import CostModel, simulate
@@ -271,7 +271,7 @@ def saturation_estimate(workload: Workload, costs: CostModel, config: ServingCon
     p, o = workload.mean_lengths
     batch = config.max_batch
     if config.num_blocks is not None:
-        batch = max(1, min(batch, int(config.pool_tokens // (p + o))))
+        batch = max(1, min(batch, int(config.num_blocks * config.block_size // (p + o))))
     context = int(batch * (p + o / 2))
     per_request = costs.prefill_s(int(round(p))) + o * costs.decode_s(batch, context) / batch
     return 1.0 / per_request

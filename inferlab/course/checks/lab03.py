@@ -18,7 +18,6 @@ from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.paged_attention import gather_index, gather_kv
 from inferlab.serving.paged_cache import PagedKVCache
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
@@ -131,6 +130,27 @@ def block_table(cls):
     return run_check("3.2", "the block table", cls, BlockTable, cases,
                      success="a block is taken only at a boundary and every token maps to its "
                              "physical slot.")
+
+
+def gather_index(tables: list[BlockTable], lengths: list[int],
+                 device: str | torch.device = "cpu") -> torch.Tensor:
+    """Slots (B, N) of tokens 0..lengths[b]-1 of each table; N = max(lengths), padded with 0.
+
+    Padding points at slot 0, which holds some other sequence's K/V: mask those keys out. The
+    simplest gathering over a token-major pool, the check's reference (the engine reads the
+    blocks in place instead: ``inferlab.serving.paged_attention``).
+    """
+    idx = torch.zeros(len(tables), max(lengths), dtype=torch.long, device=device)
+    for b, (table, n) in enumerate(zip(tables, lengths)):
+        idx[b, :n] = table.slot_mapping(torch.arange(n, device=device))
+    return idx
+
+
+def gather_kv(pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """K or V from a token-major pool (num_slots, K, D) at slots ``index`` (B, N): (B, K, N, D),
+    a transposed view that SDPA reads with strides."""
+    B, N = index.shape
+    return pool[index.reshape(-1)].view(B, N, *pool.shape[1:]).transpose(1, 2)  # (B, K, N, D)
 
 
 def _reference_paged_decode(q, k_new, v_new, k_pool, v_pool, tables):

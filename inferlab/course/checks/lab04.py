@@ -69,7 +69,7 @@ class _FakeRunner(Runner):
 
     def forward(self, rows):
         self._tick()
-        return [len(s.output) + 1 for s, _ in rows]
+        return [len(r.seq.output) + 1 for r in rows]
 
 
 def _replay(policy, trace) -> tuple[list[tuple], Scheduler]:

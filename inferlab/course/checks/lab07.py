@@ -66,7 +66,7 @@ class _FakeRunner(Runner):
                               "every step must make progress: decode the running sequences, "
                               "give prompts chunks, and admit waiting ones when there is room.")
         self.clock.advance(1e-3)
-        return [len(s.output) + 1 for s, _ in rows]
+        return [len(r.seq.output) + 1 for r in rows]
 
 
 def _replay(policy, trace):

@@ -1,12 +1,14 @@
-"""Choosing each sequence's next token from its logits: greedy, or a seeded draw at a temperature.
+"""Choosing the next token from the logits: greedy, or a seeded draw at a temperature.
 
-One function, ``sample``, serves every forward pass of the engine. It takes the step's logits
-(one row per sequence), ONE tensor of temperatures and one generator per row:
+One function, ``sample``, serves the engine's every forward pass and the labs' generation loops
+(``inferlab.model.generate``). It takes logits (one row per sequence), ONE tensor of
+temperatures and one generator per row:
 
 - a row whose temperature is below ``GREEDY_BELOW`` (0 included), or that has no generator, takes
   the argmax: greedy decoding. vLLM draws the same line (``_SAMPLING_EPS = 1e-5`` in
-  ``vllm/sampling_params.py``, read at commit 00388f65): below it a temperature is indistinguishable from 0, and dividing
-  logits by, say, 1e-40 overflows float32 to infinity and the softmax to NaN;
+  ``vllm/sampling_params.py``, read at commit 00388f65): below it a temperature is
+  indistinguishable from 0, and dividing logits by, say, 1e-40 overflows float32 to infinity
+  and the softmax to NaN;
 - the other rows are sampled from softmax(logits / temperature), computed in float32 ON THE
   LOGITS' DEVICE and stabilised by subtracting each row's largest logit FIRST: every scaled
   logit is then <= 0 and the largest is exactly 0, so no temperature in [GREEDY_BELOW, inf) can
@@ -14,18 +16,17 @@ One function, ``sample``, serves every forward pass of the engine. It takes the 
 - a sampled row may narrow its choice to its ``top_k`` likeliest tokens and then to the
   smallest set of those holding ``top_p`` of the probability (nucleus sampling, Holtzman et al.,
   ICLR 2020, arXiv:1904.09751), always keeping the likeliest one;
-- each sampled row draws from its own ``torch.Generator``, the sequence's, on the logits'
-  device (``DeviceGenerators`` makes one per sequence from its CPU generator's seed): what a
-  seeded request gets depends on its own logits and seed alone, not on which rows share the
-  step. The caller passes ``None`` for a row whose token will be dropped (a prefill chunk that
-  leaves part of its prompt for later), so that it does not draw: one draw per token the
-  request emits.
+- each sampled row draws from its own ``torch.Generator`` on the logits' device (the engine's
+  runner keeps one per sequence): what a seeded request gets depends on its own logits and seed
+  alone, not on which rows share the step. The caller passes ``None`` for a row whose token
+  will be dropped (a prefill chunk that leaves part of its prompt for later), so that it does
+  not draw: one draw per token the request emits.
 
-The temperatures, top-k and top-p are request parameters the host already knows: they are
-built once per step from Python numbers (``sampling_inputs``) and reach the device in one copy
-each; which rows are greedy is read from the host's copy, never from the device. The logits
-stay on the device: the tokens come back in ONE copy per step, with the check that every row
-was finite. No row costs a ``.item()``.
+The temperatures, top-k and top-p are request parameters the host already knows: they come as
+host tensors, and which rows are greedy is read from the host's copy, never from the device.
+The logits stay on the device: the tokens come back in ONE copy, with the check that every row
+was finite. No row costs a ``.item()``. That one place, between the logits and the draw, is
+also where a constrained decoder would mask the logits (a grammar's token bitmask).
 
 A seed fixes the tokens on one device: serving a seeded request gives the tokens it gets when
 served alone on the same device. Across devices (a CPU and a GPU, or two GPU models) the random
@@ -37,8 +38,6 @@ serving equals ``inferlab.model.generate`` token for token.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 
@@ -71,16 +70,10 @@ def truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
 def sample(logits: torch.Tensor, temperatures: torch.Tensor,
            generators: list[torch.Generator | None], top_k: torch.Tensor | None = None,
            top_p: torch.Tensor | None = None) -> list[int]:
-    """One token per row of ``logits`` (n, V), computed on the logits' device.
-
-    ``temperatures`` (n,) holds each row's temperature (best kept on the CPU, where it was
-    built: which rows are greedy is read from it); ``generators[i]`` is row i's random stream on
-    the logits' device, or None for a row that must not draw (it is then greedy, whatever its
-    temperature). ``top_k`` (n,) (0: off) and ``top_p`` (n,) (1: off) narrow a sampled row's
-    choice (``truncate``); they do not change a greedy row's.
-    Raises ``ValueError`` only if some logits are not finite (a model fault, not a request's:
-    the engine then ends the rows' requests with that error).
-    """
+    """One token per row of ``logits`` (n, V), as the module says: ``temperatures`` (n,) on the
+    host; ``generators[i]`` row i's stream on the logits' device, None for a row that must not
+    draw; ``top_k`` (n,) (0: off), ``top_p`` (n,) (1: off). Raises ``ValueError`` if some logits
+    are not finite (a model fault: the engine ends those rows' requests with it)."""
     n = logits.shape[0]
     if temperatures.shape != (n,) or len(generators) != n:
         raise ValueError(f"{n} rows of logits, {tuple(temperatures.shape)} temperatures and "
@@ -109,34 +102,3 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor,
     if bad:
         raise ValueError(f"the model produced logits that are not finite in rows {bad}")
     return out[:n]
-
-
-class DeviceGenerators:
-    """Each sequence's random stream on one device: its own CPU generator on the CPU, else a
-    generator on the device seeded with the CPU generator's seed, made at its first draw and
-    kept while the sequence lives."""
-
-    def __init__(self, device: str | torch.device = "cpu"):
-        self.device = torch.device(device)
-        self._made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def __call__(self, seq) -> torch.Generator | None:
-        if seq.generator is None or self.device.type == "cpu":
-            return seq.generator
-        gen = self._made.get(seq)
-        if gen is None:
-            gen = torch.Generator(self.device).manual_seed(seq.generator.initial_seed())
-            self._made[seq] = gen
-        return gen
-
-
-def sampling_inputs(seqs, emits: list[bool], generators: DeviceGenerators):
-    """``sample``'s arguments after the logits for ``seqs`` (``Sequence``s), one row each: the
-    temperatures (n,), the generators (from ``generators``), top_k (n,) and top_p (n,), the
-    tensors on the CPU, built from Python numbers. A row whose ``emits`` is False gets no
-    generator, so it does not draw."""
-    temperatures = torch.tensor([s.temperature for s in seqs], dtype=torch.float32)
-    gens = [generators(s) if e else None for s, e in zip(seqs, emits)]
-    top_k = torch.tensor([s.top_k for s in seqs], dtype=torch.int64)
-    top_p = torch.tensor([s.top_p for s in seqs], dtype=torch.float32)
-    return temperatures, gens, top_k, top_p
