@@ -58,3 +58,32 @@ def test_the_prefix_is_read_once_instead_of_once_per_sequence():
     assert r["per_sequence"] == 8 * 1100 * 4096 and r["shared_prefix"] == 1800 * 4096
     assert r["saved"] == 7 * 1000 * 4096
     assert bytes_read(1, 1000, 100, 4096)["saved"] == 0  # one sequence: nothing to share
+
+
+def engine_run(shared_prefix_attention: bool, prefix: list[int], suffixes: list[list[int]]):
+    from course_server import model_and_tokenizer
+    from inferlab.serving.config import ServingConfig
+    from inferlab.serving.engine import Engine
+    from inferlab.serving.request import Request
+
+    model, _ = model_and_tokenizer()
+    config = ServingConfig(num_blocks=96, max_batch=8, token_budget=256, policy="chunked",
+                           shared_prefix_attention=shared_prefix_attention)
+    engine = Engine(model, config, prefix_cache=True)
+    # the first request fills the prefix cache; the rest arrive together and hit it
+    requests = [Request(tuple(prefix + s), 6, arrival_s=0.0 if i == 0 else 1.0)
+                for i, s in enumerate(suffixes)]
+    run = engine.run(requests)
+    return [r.tokens for r in run.results], engine.cache
+
+
+def test_the_engine_gives_the_same_tokens_with_the_prefix_attended_once():
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, 1000, (70,), generator=g).tolist()  # 4 whole blocks and 6 tokens
+    suffixes = [torch.randint(3, 1000, (int(n),), generator=g).tolist()
+                for n in torch.randint(1, 20, (6,), generator=g)]
+    split, cache = engine_run(True, prefix, suffixes)
+    whole, plain = engine_run(False, prefix, suffixes)
+    assert split == whole
+    assert cache.shared_prefix_rows > 0 and plain.shared_prefix_rows == 0
+    assert cache.shared_prefix_tokens >= 4 * 16 * 2  # at least two rows shared 4 blocks

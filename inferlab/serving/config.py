@@ -49,6 +49,9 @@ class ServingConfig:
     watermark: float = 0.0                # share of the blocks an admission must leave free
     token_budget: int | None = None       # chunked prefill: tokens one step's forward may run
     kv_cache_dtype: str | None = None     # "int8": K/V as int8 codes + scales; None: the model's
+    # decode rows that share cached prefix blocks attend to them once, together (cascade
+    # attention, inferlab.serving.shared_prefix); outputs equal per-sequence attention
+    shared_prefix_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.policy is None:  # a token budget alone means chunked prefill
