@@ -29,7 +29,8 @@ def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch:
           num_blocks: int | None = None, token_budget: int | None = None,
           max_waiting: int = MAX_WAITING, tenants: Tenants | None = None,
           prefix_cache: bool = False, device: str = "cpu",
-          stats_interval_s: float = STATS_INTERVAL_S):
+          stats_interval_s: float = STATS_INTERVAL_S, kv_tier_blocks: int | None = None,
+          shared_prefix_attention: bool = False):
     """Load ``model`` and its tokenizer and return the app (``create_app``) over an engine."""
     from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
     from inferlab.serve.app import create_app
@@ -39,7 +40,9 @@ def build(model: str = DEFAULT_MODEL, served_name: str | None = None, max_batch:
     path = checkpoint_path(model)
     net = load_checkpoint(path, device=device)
     tokenizer = load_tokenizer(path, net)
-    config = ServingConfig(num_blocks=num_blocks, max_batch=max_batch, token_budget=token_budget)
+    config = ServingConfig(num_blocks=num_blocks, max_batch=max_batch, token_budget=token_budget,
+                           kv_tier_blocks=kv_tier_blocks,
+                           shared_prefix_attention=shared_prefix_attention)
     if num_blocks is None:  # the engine's rule, for a full batch of full-context sequences
         config = config.replace(num_blocks=pool_blocks_for(net, net.config.max_seq_len, config))
     engine = OnlineEngine(net, config, prefix_cache=prefix_cache)
@@ -87,6 +90,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache", choices=["off", "shared", "salted"], default="off",
                    help="reuse the KV blocks of a common prompt start: across tenants "
                         "(shared) or within each tenant only (salted)")
+    p.add_argument("--kv-tier-blocks", type=int, default=None,
+                   help="keep up to this many prefix blocks the pool evicts in a second tier "
+                        "(host memory under a GPU, a file under a CPU run) and reload them on a "
+                        "hit; needs --prefix-cache (default: no tier)")
+    p.add_argument("--shared-prefix-attention", action="store_true",
+                   help="decode rows that share cached prefix blocks attend to them once "
+                        "(cascade attention); needs --prefix-cache")
     p.add_argument("--stats-interval", type=float, default=STATS_INTERVAL_S,
                    help="seconds between the log's serving-stats lines (0: none)")
     p.add_argument("--log-level", default="info",
@@ -111,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
                             salted=a.prefix_cache == "salted")
     budget = a.token_budget or (max(256, a.max_batch) if a.prefix_cache != "off" else None)
     app = build(a.model, a.served_model_name, a.max_batch, a.num_blocks, budget,
-                a.max_waiting, tenants, a.prefix_cache != "off", a.device, a.stats_interval)
+                a.max_waiting, tenants, a.prefix_cache != "off", a.device, a.stats_interval,
+                a.kv_tier_blocks, a.shared_prefix_attention)
     uvicorn.run(app, host=a.host, port=a.port, timeout_graceful_shutdown=30,
                 log_level=a.log_level)
 

@@ -23,6 +23,9 @@ tenants, the metrics, the limits) is one ``Server`` on ``app.state.server``.
   it drains or if the engine loop died, 503. An error inside the engine ends only the requests
   it hit: a 500 (streaming: an error object, then ``[DONE]``, as vLLM does), while the engine
   serves the rest.
+- ``POST /v1/responses`` (OpenAI's Responses API, ``inferlab.serve.responses``) takes the same
+  path in its own shape (``ResponseShape``: a ``response`` object, or typed events), and keeps
+  the responses it stores for ``previous_response_id`` and ``GET /v1/responses/{id}``.
 - ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
   stopped), ``GET /metrics`` (Prometheus text, ``inferlab.serve.metrics``).
 - It logs a banner when it starts and serving stats every ``stats_interval_s`` seconds
@@ -53,6 +56,8 @@ from inferlab.serve.logs import StatsLogger, banner, log
 from inferlab.serve.metrics import ServerMetrics
 from inferlab.serve.protocol import (API_NAMES, ChatShape, CompletionRequest, Detokenizer,
                                      TextShape, model_list, single_prompt, usage)
+from inferlab.serve.responses import NAMES, ResponseShape, ResponseStore
+from inferlab.serve.responses import completion_body as response_body
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import Request as EngineRequest
@@ -75,6 +80,7 @@ class Server:
     started: int = field(default_factory=lambda: int(time.time()))  # "created" in /v1/models
     draining: bool = False
     records: deque = field(default_factory=lambda: deque(maxlen=100_000))
+    responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses
 
 
 # -- the one parse ---------------------------------------------------------------------------
@@ -123,6 +129,40 @@ async def chat_completions(request: Request):
         param, message = e.args
         raise APIError(400, message, param=param) from None
     return await generate(request, body, ChatShape(), client_names(data))
+
+
+async def responses(request: Request):
+    """``POST /v1/responses``: the input (and an earlier stored response's conversation)
+    rendered into a prompt, then ``generate``; a stored response is kept for later turns."""
+    server: Server = request.app.state.server
+    data = await json_body(request)
+    if server.template is None:
+        raise APIError(400, "this model's tokenizer has no chat template; use "
+                       "/v1/completions", param="input")
+    try:
+        body, turns = response_body(data, server.template, server.tokenizer,
+                                    server.engine.model.config.max_seq_len, server.responses)
+    except ValueError as e:
+        param, message = e.args
+        raise APIError(400, message, param=param) from None
+    except LookupError as e:
+        raise APIError(404, f"no stored response has the id {e.args[0]!r} (this server keeps "
+                       f"the newest {server.responses.capacity} responses stored)",
+                       param="previous_response_id", code="response_not_found") from None
+    keep = data.get("store", True) is not False
+    shape = ResponseShape(data, (lambda r: server.responses.put(r, turns)) if keep else None)
+    return await generate(request, body, shape, NAMES)
+
+
+async def stored_response(request: Request):
+    """``GET /v1/responses/{response_id}``: a stored response, or a 404."""
+    server: Server = request.app.state.server
+    rid = request.path_params["response_id"]
+    stored = server.responses.get(rid)
+    if stored is None:
+        raise APIError(404, f"no stored response has the id {rid!r}",
+                       code="response_not_found")
+    return stored[1]
 
 
 async def generate(request: Request, body: dict, shape, names: dict[str, str]):
@@ -174,28 +214,30 @@ async def generate(request: Request, body: dict, shape, names: dict[str, str]):
         async def events():
             reason, first_chunk_s, usage_field = "abort", None, req.include_usage
             try:
+                for event in shape.opening(cid, server.model_name, created):
+                    yield shape.sse(event)
                 async for token in stream:
                     delta = detok.push(token)
                     if detok.stopped:
                         break
                     # a chunk per token, even when its text is held back (""), so that a
                     # client's chunk times are token times
-                    chunk = json.dumps(shape.chunk(cid, server.model_name, delta, None, created,
-                                                   usage_field))
+                    chunk = shape.sse(shape.chunk(cid, server.model_name, delta, None, created,
+                                                  usage_field))
                     if first_chunk_s is None:
                         first_chunk_s = engine.clock.now()
                     yield chunk
                 delta = detok.flush()
                 reason = finish("stop", first_chunk_s)
-                if reason == "error":  # as vLLM does: an error object, then [DONE]
-                    yield json.dumps(engine_failed(stream).body)
+                if reason == "error":
+                    ending = shape.failure(cid, server.model_name, created,
+                                           engine_failed(stream).body)
                 else:
-                    yield json.dumps(shape.chunk(cid, server.model_name, delta, reason, created,
-                                                 usage_field))
-                    if usage_field:
-                        yield json.dumps(shape.usage_chunk(cid, server.model_name, usage(
-                            n_prompt, len(stream.tokens)), created))
-                yield "[DONE]"
+                    ending = shape.closing(cid, server.model_name, delta, reason, created,
+                                           usage(n_prompt, len(stream.tokens)), usage_field,
+                                           cached_tokens(stream))
+                for event in ending:
+                    yield shape.sse(event)
             finally:
                 if reason == "abort" and stream.finished is None:
                     metrics.finished(tenant, "abort", None)
@@ -215,7 +257,12 @@ async def generate(request: Request, body: dict, shape, names: dict[str, str]):
     if reason == "error":
         raise engine_failed(stream)
     return shape.response(cid, server.model_name, "".join(text), reason,
-                          usage(n_prompt, len(stream.tokens)), created)
+                          usage(n_prompt, len(stream.tokens)), created, cached_tokens(stream))
+
+
+def cached_tokens(stream) -> int:
+    """The prompt tokens a prefix cache held when the request was first admitted."""
+    return stream.seq.num_cached
 
 
 def submit(server: Server, er: EngineRequest, tenant: str, names: dict[str, str]):
@@ -309,6 +356,8 @@ def create_app(engine, tokenizer, model_name: str, max_waiting: int = 64,
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/responses", responses, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", stored_response, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", prometheus, methods=["GET"])

@@ -31,6 +31,15 @@ class ServerMetrics:
               registry=r).set_function(lambda: engine.blocks_in_use)
         Gauge("inferlab_kv_blocks_total", "KV cache blocks in the pool",
               registry=r).set(engine.cache.num_blocks)
+        tier = getattr(engine, "tier", None)
+        if tier is not None:  # the second KV tier: what it holds and moved since start-up
+            for name, doc in (("blocks", "prefix blocks held in the second KV tier"),
+                              ("hits", "prefix blocks reloaded from the second KV tier"),
+                              ("misses", "prefix blocks looked up below the pool, not found"),
+                              ("bytes_loaded", "bytes copied from the second KV tier"),
+                              ("bytes_stored", "bytes copied down to the second KV tier")):
+                Gauge(f"inferlab_kv_tier_{name}", doc, registry=r).set_function(
+                    lambda name=name: tier.stats()[name])
         self.ttft = Histogram("inferlab_time_to_first_token_seconds", "Time to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("inferlab_time_per_output_token_seconds",

@@ -36,6 +36,7 @@ Errors carry OpenAI's body (``inferlab.serve.errors``), with a 4xx status for a 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -199,13 +200,37 @@ def model_list(names: list[str], created: int) -> dict:
                                         "owned_by": "inferlab"} for n in names]}
 
 
-class TextShape:
+class Shape:
+    """How a stream of the two legacy shapes runs: nothing before the first token, a chunk per
+    token, then a chunk with the finish reason, the usage chunk if asked for, and ``[DONE]``;
+    an engine failure is an error object, then ``[DONE]``, as vLLM sends it. (The Responses
+    API's typed events are ``inferlab.serve.responses.ResponseShape``.)"""
+
+    def opening(self, cid, model, created) -> list:
+        return []
+
+    def closing(self, cid, model, delta, reason, created, usage, usage_field, cached=0) -> list:
+        events = [self.chunk(cid, model, delta, reason, created, usage_field)]
+        if usage_field:
+            events.append(self.usage_chunk(cid, model, usage, created))
+        return events + ["[DONE]"]
+
+    def failure(self, cid, model, created, body: dict) -> list:
+        return [body, "[DONE]"]
+
+    @staticmethod
+    def sse(event):
+        """One event as sse-starlette sends it: a data line."""
+        return event if isinstance(event, str) else json.dumps(event)
+
+
+class TextShape(Shape):
     """``/v1/completions``: ``text_completion`` objects."""
 
     def new_id(self) -> str:
         return completion_id()
 
-    def response(self, cid, model, text, reason, usage, created) -> dict:
+    def response(self, cid, model, text, reason, usage, created, cached=0) -> dict:
         return completion(cid, model, text, reason, usage, created)
 
     def chunk(self, cid, model, delta, reason, created, usage_field) -> dict:
@@ -215,7 +240,7 @@ class TextShape:
         return usage_chunk(cid, model, usage, created)
 
 
-class ChatShape:
+class ChatShape(Shape):
     """``/v1/chat/completions``: ``chat.completion`` and ``chat.completion.chunk`` objects."""
 
     def __init__(self):
@@ -228,7 +253,7 @@ class ChatShape:
     def _head(cid, obj, model, created) -> dict:
         return {"id": cid, "object": obj, "created": created or int(time.time()), "model": model}
 
-    def response(self, cid, model, text, reason, usage, created) -> dict:
+    def response(self, cid, model, text, reason, usage, created, cached=0) -> dict:
         return {**self._head(cid, "chat.completion", model, created),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                              "logprobs": None, "finish_reason": reason}],

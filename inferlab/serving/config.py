@@ -49,6 +49,12 @@ class ServingConfig:
     watermark: float = 0.0                # share of the blocks an admission must leave free
     token_budget: int | None = None       # chunked prefill: tokens one step's forward may run
     kv_cache_dtype: str | None = None     # "int8": K/V as int8 codes + scales; None: the model's
+    # decode rows that share cached prefix blocks attend to them once, together (cascade
+    # attention, inferlab.serving.shared_prefix); outputs equal per-sequence attention
+    shared_prefix_attention: bool = False
+    # blocks of a second KV tier below the pool (host memory under a GPU pool, a file under a
+    # CPU one) that keeps the prefix blocks the pool evicts; needs prefix caching
+    kv_tier_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy is None:  # a token budget alone means chunked prefill
@@ -78,6 +84,8 @@ class ServingConfig:
                                  "(whole prompts), not both")
         elif self.policy == "chunked":
             raise ValueError("policy='chunked' needs token_budget: the tokens one step may run")
+        if self.kv_tier_blocks is not None:
+            positive_ints("ServingConfig.", kv_tier_blocks=self.kv_tier_blocks)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"ServingConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {self.kv_cache_dtype!r}")

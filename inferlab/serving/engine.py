@@ -36,6 +36,7 @@ from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import StepLoop, WallClock
 from inferlab.serving.paged_cache import POOL_MEMORY_FRACTION, pool_blocks_for
+from inferlab.serving.kv_tier import tier_for
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.prefix_cache import PrefixCachingBlockManager
 from inferlab.serving.request import Request, longest_tokens
@@ -84,9 +85,16 @@ class Engine(StepLoop):
         if prefix_cache and not config.chunked:
             raise ValueError("prefix caching needs chunked prefill (config.token_budget and "
                              "policy='chunked'): a prompt then starts after its cached blocks")
+        if config.kv_tier_blocks and not prefix_cache:
+            raise ValueError("a KV tier keeps evicted prefix-cache blocks: it needs "
+                             "prefix_cache=True")
         memory = PrefixCachingBlockManager if prefix_cache else BlockManager
         self.model, self.config = model, config
         self.cache = pool_for(model, config, memory_class=memory)
+        self.tier = None
+        if config.kv_tier_blocks:  # evicted prefix blocks go down to it, hits come back
+            self.tier = tier_for(self.cache, config.kv_tier_blocks)
+            self.cache.memory.cache.tier, self.cache.memory.cache.pool = self.tier, self.cache
         super().__init__(Scheduler(config, self.cache.memory), ModelRunner(model, self.cache),
                          WallClock(), **hooks)
 

@@ -130,6 +130,7 @@ class OnlineEngine:
         self.engine = Engine(model, config, prefix_cache, on_token=self._token,
                              on_failure=self._failed)
         self.model, self.config, self.cache = model, config, self.engine.cache
+        self.tier = self.engine.tier  # the second KV tier, if the config asks for one
         self.scheduler, self.clock = self.engine.scheduler, self.engine.clock
         self.num_failed = 0  # requests ended by an error inside the engine (it kept serving)
         self._ids = itertools.count()

@@ -81,6 +81,8 @@ class RaggedMetadata:
     decode_mask: torch.Tensor | None     # (d, 1, W*S); None: every key
     segments: tuple[Segment, ...]
     fused: bool                          # decodes through the Triton kernel
+    prefix_tiles: torch.Tensor | None = None  # (K*P/S,) blocks every decode row shares, attended
+    # once for all of them (cascade); the decode tables above then hold only what follows
 
     @property
     def batch(self) -> int:
@@ -99,6 +101,8 @@ class RaggedMetadata:
                 from inferlab.serving.paged_triton import paged_decode_attention
                 od = paged_decode_attention(qd.contiguous(), k_pool, v_pool, self.decode_tables,
                                             self.decode_context)
+            elif self.prefix_tiles is not None:  # the shared prefix once, each row's rest
+                od = cascade_decode(qd, k_pool, v_pool, self, self.pool.buffers)
             else:
                 od = paged_decode(qd, k_pool, v_pool, self.key_rows, self.value_rows,
                                   self.decode_mask)
@@ -147,7 +151,8 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
     d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
     positions = [range(s, s + n) for s, n in zip(starts, lens)]
     width = [blocks_for(s + n, S) for s, n in zip(starts, lens)]  # blocks each row reads
-    wd = max(width[:d], default=0)
+    shared = shared_blocks(tables[:d], starts[:d], S) if pool.shared_prefix and d > 1 else 0
+    wd = max(width[:d], default=0) - shared
     cached = [b for b in range(d, len(lens)) if starts[b] > 0]
     ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
     ids, pos, blocks, offsets, last, dec_tables, dec_context, *seg_tables = to_device([
@@ -156,15 +161,22 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
         [t.blocks[p // S] for t, ps in zip(tables, positions) for p in ps],
         [p % S for ps in positions for p in ps],
         ends,
-        [x for b in range(d) for x in tables[b].blocks[:width[b]] + [0] * (wd - width[b])],
-        [starts[b] + 1 for b in range(d)],
+        [x for b in range(d)
+         for x in tables[b].blocks[shared:width[b]] + [0] * (wd + shared - width[b])],
+        [starts[b] + 1 - shared * S for b in range(d)],
+        tables[0].blocks[:shared],
         *[tables[b].blocks[:width[b]] for b in cached]], device)
+    prefix_blocks, *seg_tables = seg_tables
     decode_tables = dec_tables.view(d, wd) if d else None
-    key_rows = value_rows = decode_mask = None
-    fused = pool.use_triton and d > 0
+    key_rows = value_rows = decode_mask = prefix_tiles = None
+    fused = pool.use_triton and d > 0 and not shared  # the split runs in torch on any device
+    if shared:
+        prefix_tiles = block_gather_index(prefix_blocks.view(1, -1), K)
+        pool.shared_prefix_rows += d
+        pool.shared_prefix_tokens += shared * S
     if d and not fused:
         key_rows, value_rows = decode_index(decode_tables, K, pool.group, D, S)
-        if any(starts[b] + 1 != wd * S for b in range(d)):  # some keys are padding
+        if any(starts[b] + 1 - shared * S != wd * S for b in range(d)):  # some keys are padding
             decode_mask = (torch.arange(wd * S, device=device) < dec_context.view(d, 1))[:, None]
     segments, tables_of = [], dict(zip(cached, seg_tables))
     for b in range(d, len(lens)):
@@ -176,8 +188,44 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
         segments.append(Segment(first, lens[b], tiles, mask))
     meta = RaggedMetadata(pool, tuple(tables), tuple(lens), blocks, offsets, last, d,
                           decode_tables, dec_context if d else None, key_rows, value_rows,
-                          decode_mask, tuple(segments), fused)
+                          decode_mask, tuple(segments), fused, prefix_tiles)
     return ids.view(1, -1), pos.view(1, -1), meta
+
+
+def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) -> int:
+    """How many leading blocks every one of the decode rows' ``tables`` holds in common (the
+    same physical blocks, as a prefix cache shares them), ending before any row's new token."""
+    if not tables:
+        return 0
+    limit = min(starts) // block_size  # whole blocks before every row's new token
+    first = tables[0].blocks
+    n = 0
+    while n < limit and all(t.blocks[n] == first[n] for t in tables[1:]):
+        n += 1
+    return n
+
+
+def cascade_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   meta: RaggedMetadata, buffers: dict) -> torch.Tensor:
+    """Decode attention of q (d, H, 1, D) whose rows share the blocks ``meta.prefix_tiles``:
+    the prefix gathered once and attended by every row's queries together (one product per KV
+    head), each row's own blocks in place (``paged_decode``), the two merged by their
+    log-sum-exp (``inferlab.serving.shared_prefix``). (d, H, 1, D), equal to ``paged_decode``
+    over the whole tables."""
+    from inferlab.serving.shared_prefix import attention_with_lse, merge
+
+    d, H, _, D = q.shape
+    K = k_pool.shape[1]
+    G = H // K
+    o_own, lse_own = paged_decode(q, k_pool, v_pool, meta.key_rows, meta.value_rows,
+                                  meta.decode_mask, return_lse=True)
+    kp, vp = gather_blocks(k_pool, v_pool, meta.prefix_tiles, 1, buffers)  # (1, K, P, D)
+    rows = q[:, :, 0].reshape(d, K, G, D).permute(1, 2, 0, 3).reshape(K, G * d, D)
+    o_pre, lse_pre = attention_with_lse(rows, kp[0], vp[0])               # (K, G*d, D)
+    o_pre = o_pre.view(K, G, d, D).permute(2, 0, 1, 3).reshape(d, H, D)
+    lse_pre = lse_pre.view(K, G, d).permute(2, 0, 1).reshape(d, H)
+    out, _ = merge(o_pre, lse_pre, o_own[:, :, 0], lse_own)
+    return out.unsqueeze(2)
 
 
 def block_gather_index(block_tables: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
@@ -207,10 +255,11 @@ def decode_index(block_tables: torch.Tensor, n_kv_heads: int, group: int, head_d
 
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  key_rows: torch.Tensor, value_rows: torch.Tensor,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, return_lse: bool = False):
     """Decode attention of q (B, H, 1, D) over one layer's pool, read in place: (B, H, 1, D),
     equal to SDPA over the gathered K/V. ``key_rows``, ``value_rows``: ``decode_index``'s;
-    ``mask`` (B, 1, W*S): the keys each row sees (None: all of them)."""
+    ``mask`` (B, 1, W*S): the keys each row sees (None: all of them). With ``return_lse``, also
+    each query's log-sum-exp of scores (B, H), to merge with attention over other keys."""
     B, H, _, D = q.shape
     S = v_pool.shape[2]
     W = key_rows.shape[0] // (B * H)
@@ -223,6 +272,8 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     probs = torch.softmax(scores, dim=-1)                                          # (B, H, N)
     out = F.embedding_bag(value_rows, v_pool.view(-1, D), mode="sum",
                           per_sample_weights=probs.view(value_rows.shape))        # (B*H, D)
+    if return_lse:
+        return out.view(B, H, 1, D), torch.logsumexp(scores, dim=-1)
     return out.view(B, H, 1, D)
 
 

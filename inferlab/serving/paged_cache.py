@@ -95,6 +95,10 @@ class PagedKVCache:
             from inferlab.serving import paged_triton
             use_triton = self.k.device.type == "cuda" and paged_triton.available(self.k.device)
         self.use_triton = use_triton
+        # decode rows sharing leading blocks attend to them once (ServingConfig's
+        # shared_prefix_attention); how many decode rows and prefix tokens went that way
+        self.shared_prefix = False
+        self.shared_prefix_rows = self.shared_prefix_tokens = 0
 
     @classmethod
     def for_model(cls, model, config, use_triton: bool | None = None,
@@ -107,8 +111,10 @@ class PagedKVCache:
             raise ValueError("PagedKVCache.for_model needs config.num_blocks")
         c = model.config
         memory = memory_class(config.num_blocks, config.block_size, config.watermark)
-        return cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
+        pool = cls(c.n_layers, c.n_kv_heads, c.head_dim, memory, model.dtype, model.device,
                    use_triton, c.n_heads)
+        pool.shared_prefix = config.shared_prefix_attention
+        return pool
 
     @property
     def allocator(self):

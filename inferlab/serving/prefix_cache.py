@@ -10,7 +10,9 @@ of its tokens chained with the hash of the block before it, so block i of two pr
 only if tokens 0 .. (i+1) * block_size - 1 are all equal (the K/V of a token depend on every
 token before it). The cache holds one reference to each block it remembers, so the block
 survives its request; when the pool runs low, ``evict`` frees the least recently used blocks
-that nobody else holds.
+that nobody else holds. With a second tier (``inferlab.serving.kv_tier``) an evicted block is
+first copied down to it, and a prompt whose chain leaves the pool continues in the tier: each
+block found there is copied back into the pool instead of being computed again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class PrefixCache:
         self.hash_fn = hash_fn or block_hashes  # hash_fn(tokens, block_size) -> one per full block
         self._blocks: OrderedDict[int, int] = OrderedDict()  # hash -> block, least recent first
         self.lookups = self.hits = 0  # full blocks looked up, and found
+        # a second tier (``inferlab.serving.kv_tier``) and the pool whose blocks it copies:
+        # evicted blocks go down to it, and a prompt's chain continues there after a pool miss
+        self.tier, self.pool = None, None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -65,8 +70,10 @@ class PrefixCache:
         self.lookups += len(hashes)  # every full block counts; those after a miss miss too
         for h in hashes:
             block = self._blocks.get(h)
-            if block is None:
-                break  # the chain is broken: no later block can match either
+            if block is None:  # not in the pool: in the tier below it, or nowhere
+                if self.tier is None or not self._reload(table, h):
+                    break  # the chain is broken: no later block can match either
+                continue
             self.hits += 1
             self._blocks.move_to_end(h)
             table.blocks.append(self.allocator.fork(block))
@@ -82,6 +89,20 @@ class PrefixCache:
             raise
         return table, cached
 
+    def _reload(self, table: BlockTable, h: int) -> bool:
+        """Continue ``table``'s cached chain with block ``h`` from the tier: copied into a fresh
+        block of the pool and cached again. False if the tier does not hold it (a miss) or the
+        pool has no room for it (the rest is then computed)."""
+        if h not in self.tier:
+            self.tier.misses += 1
+            return False
+        if not table.can_append(self.block_size) and not self.evict(1):
+            return False
+        table.append(self.block_size)
+        self.tier.load(h, self.pool, table.blocks[-1])
+        self._blocks[h] = self.allocator.fork(table.blocks[-1])
+        return True
+
     def insert(self, table: BlockTable, tokens, salt: str | None = None) -> None:
         """Remember the full blocks of ``table`` (holding ``tokens``) once their K/V are written."""
         for h, block in zip(self._hashes(tokens, salt), table.blocks):
@@ -95,7 +116,10 @@ class PrefixCache:
             if freed >= n:
                 break
             if self.allocator.refcount(self._blocks[h]) == 1:  # only the cache holds it
-                self.allocator.free(self._blocks.pop(h))
+                block = self._blocks.pop(h)
+                if self.tier is not None:  # down a tier rather than lost
+                    self.tier.store(h, self.pool, block)
+                self.allocator.free(block)
                 freed += 1
         return freed
 

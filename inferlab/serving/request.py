@@ -98,6 +98,7 @@ class Sequence:
     status: Status = Status.WAITING
     table: object = None  # its block table (``BlockTable``, or a memory manager's own) once running
     num_preemptions: int = 0
+    num_cached: int = 0  # prompt tokens a prefix cache held at its first admission
     token_times: list[float] = field(default_factory=list)
     generator: torch.Generator | None = field(default=None, repr=False)
 

@@ -158,6 +158,8 @@ class Scheduler:
         self.waiting.remove(seq)
         seq.table, seq.status = table, Status.RUNNING
         seq.num_computed = max(seq.num_computed, cached)
+        if seq.num_preemptions == 0:
+            seq.num_cached = cached
         _insert(self.running, seq)
 
     def append_slot(self, seq: Sequence) -> None:
