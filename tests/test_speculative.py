@@ -252,6 +252,55 @@ def test_long_contexts_keep_speculation_paying_at_batch():
     assert speculation.batched_speedup(target, 256, 0.8, 4, 0.05, context=4000) > 1
 
 
+def test_speculation_at_batch_depends_on_the_attention_layout():
+    """Chapter 6's per-layout conclusion, counted kernel by kernel. Under MHA and GQA a
+    verification reads each sequence's cache once for its k + 1 tokens (attention stays
+    memory-bound and costs what the plain step's does), so at a long context speculation still
+    pays at a batch far past B*/(k + 1). Under MLA with DeepSeek-V3's 128 heads over a shared
+    latent, k + 1 queries make attention compute-bound, it costs several times the plain step's,
+    and the gain is gone at a smaller batch the longer the context."""
+    from dataclasses import replace
+
+    from inferlab.analysis import mla
+    from inferlab.analysis.moe import moe_presets
+    from inferlab.analysis.step_time import StepModel
+
+    cfg = ModelConfig.from_name("llama-2-7b")
+    latent = replace(moe_presets()["deepseek-v3"].mla, n_layers=cfg.n_layers, d_model=cfg.d_model)
+    mha = StepModel.for_device(cfg, "H100 SXM")
+    gqa = StepModel.for_device(cfg.with_kv_heads(8), "H100 SXM")
+    mla_model = StepModel.for_device(cfg, "H100 SXM", attention=mla.attention_cost(latent))
+    for model in (mha, gqa):
+        plain = speculation.pass_kernels(model, 1, 2000, 48)["attention"]
+        verify = speculation.pass_kernels(model, 5, 2000, 48)["attention"]
+        assert verify.bound == plain.bound == "memory"
+        assert verify.seconds == pytest.approx(plain.seconds, rel=0.01)
+        assert speculation.crossover_batch(model, 0.8, 4, 0.05, 2000, max_batch=200) is None
+    plain = speculation.pass_kernels(mla_model, 1, 2000, 48)["attention"]
+    verify = speculation.pass_kernels(mla_model, 5, 2000, 48)["attention"]
+    assert verify.bound == "compute" and verify.seconds > 3 * plain.seconds
+    stops = [speculation.crossover_batch(mla_model, 0.8, 4, 0.05, ctx) for ctx in (500, 8000)]
+    assert stops[1] < stops[0] < speculation.crossover_batch(mha, 0.8, 4, 0.05)
+
+
+def test_the_speculating_batch_is_bound_by_both_caches_at_their_peak():
+    """max_batch counts context + k + 1 slots of the target's and the draft's K/V in the
+    engine's share of memory, beside both models' weights: one more sequence would not fit."""
+    from inferlab.analysis import formulas
+
+    cfg = ModelConfig.from_name("llama-2-7b")
+    memory, weights, kv = 80e9, formulas.weight_bytes(cfg), formulas.kv_bytes_per_token(cfg)
+    for context in (100, 2000):
+        b = speculation.max_batch(memory, weights, kv, context, 4, draft=0.05, utilization=0.92)
+        used = lambda n: 1.05 * weights + n * (context + 5) * 1.05 * kv  # noqa: E731
+        assert used(b) <= 0.92 * memory < used(b + 1)
+    # the plain bound (no draft, no k + 1 slots, the whole memory) admits more
+    assert b < speculation.max_batch(memory, weights, kv, 2000, 0)
+    assert speculation.max_batch(memory, memory, kv, 2000, 4) == 0
+    with pytest.raises(ValueError):
+        speculation.max_batch(memory, weights, kv, 2000, 4, utilization=1.5)
+
+
 def test_a_verification_pass_prices_its_tokens_kernel_by_kernel():
     from inferlab.analysis.step_time import Shape, StepModel
 

@@ -78,12 +78,42 @@ def acceptance_needed(target_speedup: float, k: int, c: float, verify_cost: floa
     return hi
 
 
+def _pass_shape(model: StepModel, tokens: int, context: int, batch: int) -> Shape:
+    row = Shape.of_rows([(tokens, context)], model.attention.window)
+    return replace(row, rows=tokens).times(batch)
+
+
 def pass_seconds(model: StepModel, tokens: int, context: int = 0, batch: int = 1) -> float:
     """One forward pass of ``model`` (``inferlab.analysis.step_time``) over ``batch`` sequences
     that each verify or decode ``tokens`` new tokens after ``context`` cached ones, with logits
     at every new position (a verification needs them all)."""
-    row = Shape.of_rows([(tokens, context)], model.attention.window)
-    return model.seconds(replace(row, rows=tokens).times(batch))
+    return model.seconds(_pass_shape(model, tokens, context, batch))
+
+
+def pass_kernels(model: StepModel, tokens: int, context: int = 0, batch: int = 1) -> dict:
+    """The kernels of the pass ``pass_seconds`` prices, by name (``step_time.Kernel``: FLOPs,
+    bytes, and the seconds of each limit), to count where a pass's time goes."""
+    return {kern.name: kern for kern in model.kernels(_pass_shape(model, tokens, context, batch))}
+
+
+def max_batch(memory: float, weight_bytes: float, kv_bytes_per_token: float, context: int,
+              k: int, draft: float = 0.0, utilization: float = 1.0) -> int:
+    """The most sequences of ``context`` cached tokens that can speculate with ``k`` drafts.
+
+    The binding constraint is the KV cache at its peak, during a verification: each sequence
+    then holds ``context + k + 1`` slots (the k + 1 written before the verifier decides), in
+    the target's cache and in the draft's. They share ``utilization`` x ``memory`` (an engine's
+    budget, e.g. vLLM's ``gpu_memory_utilization``) with both models' weights. ``draft``: the
+    draft as a number c, c times the target in weights and in cached bytes per token (as
+    ``batched_speedup`` takes it). Activations, CUDA graphs and the allocator's slack are not
+    counted, so this is still an upper bound."""
+    _check(0.0, k)
+    if not 0 < utilization <= 1 or draft < 0 or context < 0:
+        raise ValueError(f"need 0 < utilization <= 1, draft >= 0 and context >= 0, got "
+                         f"{utilization!r}, {draft!r}, {context!r}")
+    room = utilization * memory - (1 + draft) * weight_bytes
+    per_sequence = (context + k + 1) * (1 + draft) * kv_bytes_per_token
+    return max(0, int(room // per_sequence))
 
 
 @dataclass(frozen=True)
