@@ -133,3 +133,27 @@ def test_a_failed_checks_block_comes_before_what_the_cell_prints_after_it(tmp_pa
     block = outputs[1][1].splitlines()
     first = next(line for line in block if "[FAIL] Exercise 1.1a" in line)
     assert len(first) > 100 and "Hint:" in outputs[1][1]     # one line, as long as it is
+
+
+def test_lab_1s_explorer_leaves_its_static_figure_in_the_notebook(root, tmp_path):
+    """Lab 1's section 6 draws the explorer's static figure and then builds the widget. The
+    figure must be an image output of the cell itself, which an executed notebook and the site
+    keep, not only inside the widget's output area, which a static page cannot show (the
+    widget's first draw used to take every open figure into its area with plt.show())."""
+    import nbclient
+
+    pytest.importorskip("ipywidgets")
+    cells = [c for c in nbformat.read(root / "solutions" / "01_roofline.ipynb", as_version=4).cells
+             if c.cell_type == "code"]
+    explorer = next(c.source for c in cells if "plot_explorer(" in c.source)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\n"
+                                          "from inferlab.analysis.column import use_course_style\n"
+                                          "use_course_style()"),
+                nbformat.v4.new_code_cell(explorer)]
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    kinds = [next(iter(sorted(o.get("data", {})))) if o.get("data") else o["output_type"]
+             for o in nb.cells[1].outputs]
+    assert "image/png" in kinds, kinds
+    assert kinds.index("image/png") < kinds.index("application/vnd.jupyter.widget-view+json")

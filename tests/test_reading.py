@@ -68,12 +68,12 @@ def test_the_checks_see_glue_only_cells_and_trailing_glue():
 
 # --- Printed output that fits the column ---------------------------------------------------
 
-def test_printed_lines_are_wrapped_to_the_column():
+def test_printed_prose_is_wrapped_to_the_column_and_table_rows_are_not():
     import io
 
-    from inferlab.analysis.column import OUTPUT_CHARS, _WrappingStream, wrap_line
+    from inferlab.analysis.column import OUTPUT_CHARS, Table, _WrappingStream, wrap_line
 
-    long = "  H100 SXM  $6.88/h (AWS, 2026-11-09, secondary)  " + "an offering, " * 8
+    long = "  H100 SXM at $6.88/h (AWS, 2026-11-09, secondary): " + "an offering, " * 8
     wrapped = wrap_line(long).split("\n")
     assert len(wrapped) > 1 and all(len(line) <= OUTPUT_CHARS for line in wrapped)
     assert wrapped[1].startswith("      ")            # its indent, and four more
@@ -81,13 +81,25 @@ def test_printed_lines_are_wrapped_to_the_column():
     assert wrap_line("short") == "short"
     sink = io.StringIO()
     stream = _WrappingStream(sink, OUTPUT_CHARS)
-    print(long, "x", file=stream, end="")             # one line written in pieces
+    print(long.rstrip(), "x", file=stream, end="")    # one line written in pieces
     assert sink.getvalue() == ""
     stream.write("\nnext\n")
     stream.write("100 %")                             # a line not ended yet goes out on flush
     stream.flush()
     lines = sink.getvalue().split("\n")
     assert max(map(len, lines)) <= OUTPUT_CHARS and lines[-2:] == ["next", "100 %"]
+    # A table's rows stay whole however wide (Lab 1's sweep broke mid-row, "ms/token" alone on a
+    # line): a table wider than the column is shown as a Table, not cut into pieces.
+    row = "B=   16  " + "  ".join(f"{x:9.1f} us" for x in range(8))
+    header = "batch  " + "  ".join(f"time {i} (ms/token)" for i in range(5))
+    table = str(Table([[str(i), "x" * 30, "y" * 30, "z" * 10] for i in range(3)], list("abcd")))
+    for line in [row, header, *table.splitlines()]:
+        assert wrap_line(line) == line, line
+    assert min(len(line) for line in [row, header, *table.splitlines()[1:]]) > OUTPUT_CHARS
+    sink = io.StringIO()
+    stream = _WrappingStream(sink, OUTPUT_CHARS)
+    print(table, file=stream)
+    assert sink.getvalue() == table + "\n"
 
 
 def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():

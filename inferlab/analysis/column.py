@@ -8,7 +8,8 @@ high. So every figure the book shows is made to fit:
 - ``COURSE_STYLE`` and ``use_course_style``: the book's matplotlib settings (100 dpi, so a
   6.9-inch figure fills the column; 10-point text; no "+1e12" offsets), and, in a Jupyter
   kernel, every figure a notebook shows passed through ``fit_to_column`` first and every
-  printed line wrapped to ``OUTPUT_CHARS`` (``wrap_printed_lines``). Chapters, solutions and the calculators call it
+  printed line of prose wrapped to ``OUTPUT_CHARS`` (``wrap_printed_lines``; a table row is
+  never wrapped: show a table as a ``Table``). Chapters, solutions and the calculators call it
   in their first cell.
 - ``fit_to_column``: plain tick labels on log axes (1 T, not 10^12), long titles wrapped, and the
   figure narrowed (its text keeps its size; the axes give up the width) until it fits.
@@ -21,6 +22,8 @@ checks it, and reports one that still does not fit.
 """
 
 from __future__ import annotations
+
+import re
 
 # The width the site gives a notebook's output at a 1280-pixel browser window: sphinx-book-theme's
 # article is 752 pixels wide with 32 pixels of padding each side (tests/test_site.py measures it
@@ -45,7 +48,7 @@ OUTPUT_CHARS = 74
 
 def use_course_style() -> None:
     """Apply ``COURSE_STYLE``; in a Jupyter kernel, show every figure fitted to the column and
-    wrap every printed line longer than ``OUTPUT_CHARS`` (``wrap_printed_lines``)."""
+    wrap every printed line of prose longer than ``OUTPUT_CHARS`` (``wrap_printed_lines``)."""
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(COURSE_STYLE)
@@ -53,12 +56,26 @@ def use_course_style() -> None:
         wrap_printed_lines()
 
 
+# A row of a table printed as text: fields aligned by runs of spaces ("B=   16    412.0 us"), or
+# a rule under a header ("------  ----"). Prose has one space between its words.
+_ALIGNED = re.compile(r"\S {2,}\S")
+_RULE = re.compile(r"^\s*[-=]{3,}(\s+[-=]{3,})*\s*$")
+
+
+def is_table_row(line: str) -> bool:
+    """True for a line that is a row of a table printed as text (``Table`` printed, or columns
+    aligned with format widths): breaking it would scatter its cells over the next lines."""
+    return bool(_ALIGNED.search(line.strip()) or _RULE.match(line))
+
+
 def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
     """``line`` broken at spaces into lines of at most ``width`` characters (a word longer than
-    that stays whole), each continuation indented four spaces more than the line."""
+    that stays whole), each continuation indented four spaces more than the line. A table row
+    (``is_table_row``) is returned whole: a table wider than the column is shown as a
+    ``Table``, not cut into pieces."""
     import textwrap
 
-    if len(line) <= width:
+    if len(line) <= width or is_table_row(line):
         return line
     indent = line[:len(line) - len(line.lstrip(" "))]
     return textwrap.fill(line, width, subsequent_indent=indent + "    ",
@@ -89,8 +106,9 @@ class _WrappingStream:
 
 
 def wrap_printed_lines(width: int = OUTPUT_CHARS) -> None:
-    """Wrap what the notebook prints (``sys.stdout``) to ``width`` characters a line, so that no
-    printed line runs past the site's column; once per kernel."""
+    """Wrap the prose the notebook prints (``sys.stdout``) to ``width`` characters a line, so
+    that no printed sentence runs past the site's column; once per kernel. Table rows stay whole
+    (``wrap_line``), and stderr, where a check's ``[FAIL]`` block goes, is left alone."""
     import sys
 
     if not isinstance(sys.stdout, _WrappingStream):
