@@ -100,6 +100,16 @@ def test_printed_prose_is_wrapped_to_the_column_and_table_rows_are_not():
     stream = _WrappingStream(sink, OUTPUT_CHARS)
     print(table, file=stream)
     assert sink.getvalue() == table + "\n"
+    # A listing whose rows end in a sentence (Chapter 7's goodput per design) keeps its first
+    # columns whole and wraps the sentence under itself, as a table wraps its last column.
+    listing = [f"  {name:10s} {rate:5.2f} req/s per GPU ({rate * 4:6.2f} for the cluster; "
+               "7 rates tried; at the answer 96% within the SLO over 1,234 requests)"
+               for name, rate in (("colocated", 0.51), ("1P3D", 3.4))]
+    for row, rate in zip(listing, ("0.51", "3.40")):
+        lines, cell = wrap_line(row).split("\n"), row.index(rate)   # where the second cell starts
+        assert len(lines) > 1 and max(map(len, lines)) <= OUTPUT_CHARS
+        assert lines[0].startswith(row[:cell + 4])
+        assert all(len(line) - len(line.lstrip()) == cell for line in lines[1:]), lines
 
 
 def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():

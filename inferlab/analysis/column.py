@@ -56,28 +56,42 @@ def use_course_style() -> None:
         wrap_printed_lines()
 
 
-# A row of a table printed as text: fields aligned by runs of spaces ("B=   16    412.0 us"), or
-# a rule under a header ("------  ----"). Prose has one space between its words.
-_ALIGNED = re.compile(r"\S {2,}\S")
+# A row of a table printed as text: cells aligned by runs of spaces ("B=   16    412.0 us"; a
+# number padded inside a bracket, "(  2.05", is not a gap between cells), or a rule under a
+# header ("------  ----"). Prose has one space between its words.
+_GAP = re.compile(r"(?<=[^\s(\[]) {2,}(?=\S)")
 _RULE = re.compile(r"^\s*[-=]{3,}(\s+[-=]{3,})*\s*$")
+_PROSE_ROOM = 24  # the least room a row's last cell needs to be wrapped under itself
 
 
 def is_table_row(line: str) -> bool:
     """True for a line that is a row of a table printed as text (``Table`` printed, or columns
     aligned with format widths): breaking it would scatter its cells over the next lines."""
-    return bool(_ALIGNED.search(line.strip()) or _RULE.match(line))
+    return bool(_GAP.search(line.lstrip(" ")) or _RULE.match(line))
 
 
 def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
     """``line`` broken at spaces into lines of at most ``width`` characters (a word longer than
-    that stays whole), each continuation indented four spaces more than the line. A table row
-    (``is_table_row``) is returned whole: a table wider than the column is shown as a
-    ``Table``, not cut into pieces."""
+    that stays whole), each continuation indented four spaces more than the line.
+
+    A table row (``is_table_row``) is never broken between or inside its cells: a table wider
+    than the column is shown as a ``Table``. Only a row whose last cell is prose (words after
+    its last gap, the cells before it leaving room) has that cell wrapped under itself, as a
+    table wraps its last column: a listing of one row a design ending in a sentence keeps its
+    first columns clear."""
     import textwrap
 
-    if len(line) <= width or is_table_row(line):
+    if len(line) <= width:
         return line
     indent = line[:len(line) - len(line.lstrip(" "))]
+    if is_table_row(line):
+        gaps = list(_GAP.finditer(line, len(indent)))
+        start = gaps[-1].end() if gaps else len(line)
+        if start > width - _PROSE_ROOM or " " not in line[start:].strip():
+            return line
+        return textwrap.fill(line[start:], width, initial_indent=line[:start],
+                             subsequent_indent=" " * start, break_long_words=False,
+                             break_on_hyphens=False)
     return textwrap.fill(line, width, subsequent_indent=indent + "    ",
                          break_long_words=False, break_on_hyphens=False)
 
