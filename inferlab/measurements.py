@@ -166,8 +166,8 @@ def html_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
     def cell(value) -> str:
         text = _fmt(value)
-        right = ' style="text-align: right"' if _numeric(text) else ""
-        return f"<td{right}>{breakable(text)}</td>"
+        align = "right" if _numeric(text) else "left"
+        return f'<td style="text-align: {align}">{breakable(text)}</td>'
 
     head = "".join(f"<th>{breakable(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(cell(r.get(c)) for c in columns) + "</tr>" for r in rows)

@@ -117,8 +117,9 @@ def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():
 
     table = Table([{"device": "H100 SXM", "TB/s": "3.35"}, {"device": "B200", "TB/s": "8.00"}])
     html = table._repr_html_()
-    assert html.count("<tr>") == 3 and "<th>TB/s</th>" in html
-    assert 'style="text-align: right">3.35' in html
+    assert html.count("<tr>") == 3 and ">TB/s</th>" in html
+    assert 'style="text-align: right">3.35' in html and 'style="text-align: left">B200' in html
+    assert '<th style="text-align: right">TB/s</th>' in html
     lines = str(table).splitlines()
     assert lines[0].split() == ["device", "TB/s"] and lines[2].endswith("3.35")
     assert len({len(line) for line in lines}) == 1    # columns aligned

@@ -273,13 +273,17 @@ class Table:
     def _repr_html_(self) -> str:
         import html
 
-        def cell(tag, value):
-            align = ' style="text-align: right"' if self._numeric(value) else ""
-            return f"<{tag}{align}>{html.escape(str(value))}</{tag}>"
+        # every cell says how it is aligned: JupyterLab right-aligns all table cells by default
+        def cell(tag, value, right):
+            align = "right" if right else "left"
+            return f'<{tag} style="text-align: {align}">{html.escape(str(value))}</{tag}>'
 
+        numeric = [bool(self.rows) and all(self._numeric(row[i]) for row in self.rows)
+                   for i in range(len(self.columns))]
         caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in self.rows)
+        head = "".join(cell("th", c, n) for c, n in zip(self.columns, numeric))
+        body = "".join("<tr>" + "".join(cell("td", v, self._numeric(v)) for v in row) + "</tr>"
+                       for row in self.rows)
         return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     def __str__(self) -> str:
