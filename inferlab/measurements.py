@@ -135,7 +135,7 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e15 else f"{value:.4g}"
     if isinstance(value, int):
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+        return f"{value:,}"
     if isinstance(value, list):
         return ", ".join(_fmt(v) if not isinstance(v, float) else f"{v:.3g}" for v in value)
     return "" if value is None else str(value)
@@ -148,9 +148,19 @@ _JOINT = re.compile(r"(?<=[\w\-])([_/]|\.(?=[A-Za-z]))(?=\w)")
 
 
 def breakable(text: str) -> str:
-    """``text`` as HTML, with a break opportunity (``<wbr>``) after each joint of a long name."""
-    return "".join(html.escape(part) + ("<wbr>" if i % 2 else "")
-                   for i, part in enumerate(_JOINT.split(str(text))))
+    """``text`` as HTML, with a break opportunity (``<wbr>``) after each joint of a long name,
+    and no break at a hyphen between joints (a browser would break ``-m`` and ``2026-12-02``
+    after their hyphens)."""
+    def piece(p: str) -> str:
+        shown = html.escape(p)
+        return f'<span style="white-space: nowrap">{shown}</span>' if "-" in p else shown
+
+    def word(w: str) -> str:
+        parts = _JOINT.split(w)
+        pieces = ["".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]  # each ends at a joint
+        return "<wbr>".join(piece(p) for p in pieces)
+
+    return "".join(word(w) if w.strip() else w for w in re.split(r"(\s+)", str(text)))
 
 
 def _numeric(text: str) -> bool:

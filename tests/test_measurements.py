@@ -1,6 +1,7 @@
 """The status page's measurement tables: empty folder, a record with provenance, a broken file."""
 
 import json
+import re
 
 from inferlab import measurements
 
@@ -88,10 +89,13 @@ def test_every_benchmark_says_how_a_gpu_records_it(tmp_path):
     gpu = {**cpu, "device_name": "NVIDIA H200", "cuda": "12.8", "date": "2026-12-02"}
     page = measurements.benchmarks_html([{"file": "a.json", "record": cpu, "error": None}])
     row = next(r for r in page.split("<tr>") if "<b>paged</b>" in r)
-    assert "AMD EPYC (2026-12-01)" in row and "not yet: on a CUDA GPU" in row
-    assert "inferlab.<wbr>benchmarks.<wbr>paged --device cuda" in row
+    text = re.sub(r"<[^>]+>", "", row)                      # as the browser shows it
+    assert "AMD EPYC (2026-12-01)" in text and "not yet: on a CUDA GPU" in text
+    assert "python -m inferlab.benchmarks.paged --device cuda" in text
+    assert '<span style="white-space: nowrap">--device</span>' in row   # no break after "-"
     page = measurements.benchmarks_html([{"file": "b.json", "record": gpu, "error": None}])
-    assert "yes: NVIDIA H200 (2026-12-02)" in next(r for r in page.split("<tr>") if "<b>paged</b>" in r)
+    row = next(r for r in page.split("<tr>") if "<b>paged</b>" in r)
+    assert "yes: NVIDIA H200 (2026-12-02)" in re.sub(r"<[^>]+>", "", row)
     for bench in measurements.BENCHMARKS:
         if bench.gpu_command is None:
             continue
