@@ -95,12 +95,13 @@ INSPECT_JS = """
     .map(el => ({section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
                  text: (el.textContent || '').slice(0, 120)}));
   // Words a table cell breaks between two letters ("rooflin e"): a word (a run of non-spaces
-  // in one text node; <wbr> ends a node) whose box spans more than one line.
+  // in one text node, cut after each hyphen, where a line may end; <wbr> ends a text node)
+  // whose box spans more than one line.
   const broken = [];
   for (const cell of document.querySelectorAll('article td, article th')) {
     const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      const words = /\S+/g;
+      const words = /[^\s-]+-*|-+/g;
       let m;
       while ((m = words.exec(node.textContent))) {
         const range = document.createRange();

@@ -61,13 +61,16 @@ def use_course_style() -> None:
 # header ("------  ----"). Prose has one space between its words.
 _GAP = re.compile(r"(?<=[^\s(\[]) {2,}(?=\S)")
 _RULE = re.compile(r"^\s*[-=]{3,}(\s+[-=]{3,})*\s*$")
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")  # a string's repr, quotes and all
 _PROSE_ROOM = 24  # the least room a row's last cell needs to be wrapped under itself
 
 
 def is_table_row(line: str) -> bool:
     """True for a line that is a row of a table printed as text (``Table`` printed, or columns
-    aligned with format widths): breaking it would scatter its cells over the next lines."""
-    return bool(_GAP.search(line.lstrip(" ")) or _RULE.match(line))
+    aligned with format widths): breaking it would scatter its cells over the next lines.
+    Spaces inside a quoted string (a repr of generated code, say) are not a gap."""
+    bare = _QUOTED.sub(lambda m: "q" * len(m.group()), line)
+    return bool(_GAP.search(bare.lstrip(" ")) or _RULE.match(line))
 
 
 def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
@@ -85,7 +88,7 @@ def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
         return line
     indent = line[:len(line) - len(line.lstrip(" "))]
     if is_table_row(line):
-        gaps = list(_GAP.finditer(line, len(indent)))
+        gaps = list(_GAP.finditer(_QUOTED.sub(lambda m: "q" * len(m.group()), line), len(indent)))
         start = gaps[-1].end() if gaps else len(line)
         if start > width - _PROSE_ROOM or " " not in line[start:].strip():
             return line
