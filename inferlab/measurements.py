@@ -11,7 +11,8 @@ as a table of quantity and value, and its rows of results as a table whose neste
 flattened into columns (``ttft.engine_s``), turned on its side when it has more columns than
 rows and more than fit the column. Notes a record keeps for its maintainers (``note``,
 ``*_note``, ``*_source``) stay in the file. ``BENCHMARKS`` lists what the chapters refer to and
-the command that records each on a GPU (``benchmarks_html``).
+the command that records each on a GPU (``benchmarks_html``). ``facts_html`` shows the rows
+of ``data/engine_facts.csv``, what the book says each engine does, with the release read.
 """
 
 from __future__ import annotations
@@ -141,19 +142,27 @@ def _fmt(value) -> str:
     return "" if value is None else str(value)
 
 
-# A joint inside a name where a line may break: after "_" or "/", or a "." before a letter
-# ("ttft.engine_s", "solutions/01_roofline.ipynb"; never inside a number such as 2.13), so that
-# a narrow cell wraps a long key at its joints instead of between two letters.
-_JOINT = re.compile(r"(?<=[\w\-])([_/]|\.(?=[A-Za-z]))(?=\w)")
+# A joint inside a name where a line may break: after "_" or "/", a "." before a letter, or a
+# "+" between letters ("ttft.engine_s", "solutions/01_roofline.ipynb", "weights+activations";
+# never inside a number or a version such as 2.13.0+cpu), so that a narrow cell wraps a long key
+# at its joints instead of between two letters.
+_JOINT = re.compile(r"((?<=[\w\-])[_/]|(?<=[\w\-])\.(?=[A-Za-z])|(?<=[A-Za-z])\+(?=[A-Za-z]))(?=\w)")
+
+
+LONG = 20  # a hyphenated name longer than this may break after a hyphen inside it
 
 
 def breakable(text: str) -> str:
     """``text`` as HTML, with a break opportunity (``<wbr>``) after each joint of a long name,
     and no break at a hyphen between joints (a browser would break ``-m`` and ``2026-12-02``
-    after their hyphens)."""
+    after their hyphens) unless the piece is longer than ``LONG`` characters
+    (``x-gateway-inference-objective`` may break after ``gateway-``, never after ``--``)."""
     def piece(p: str) -> str:
-        shown = html.escape(p)
-        return f'<span style="white-space: nowrap">{shown}</span>' if "-" in p else shown
+        if "-" not in p:
+            return html.escape(p)
+        if len(p) > LONG:   # after a hyphen inside it, never within a leading run (--)
+            return "<wbr>".join(piece(q) for q in re.split(r"(?<=[^\s-]-)(?=[^-])", p))
+        return f'<span style="white-space: nowrap">{html.escape(p)}</span>'
 
     def word(w: str) -> str:
         parts = _JOINT.split(w)
@@ -328,6 +337,37 @@ def benchmarks_html(entries: list[dict], benchmarks=BENCHMARKS) -> str:
     return ("<table><thead><tr><th>benchmark</th><th>what it measures</th>"
             "<th>runs recorded</th><th>on a GPU</th></tr></thead><tbody>" + "".join(body)
             + "</tbody></table>")
+
+
+# --- The engine facts, oldest read first -----------------------------------------------------
+
+_COMMIT = re.compile(r"((?:commit )?)([0-9a-f]{12})[0-9a-f]{1,28}")
+
+
+def facts_html(facts: list[dict], pages: dict[str, str], built) -> str:
+    """The rows of ``data/engine_facts.csv`` (``facts``, in the order given) as a table: the
+    engine and the release read (a commit as its first 12 characters, as git shortens one; the
+    link has it whole), the claim, the date read and its age on ``built`` (a ``datetime.date``),
+    the page that states it (``pages`` maps a page's stem to how a reader finds it, "ch. 9,
+    p. 3") and a link to the source. Long names break only at their joints (``breakable``), so
+    the table's columns share the width and it fits the column of the page."""
+    import datetime as dt
+
+    body = []
+    for f in facts:
+        version = _COMMIT.sub(r"\1\2", f["version"])
+        age = (built - dt.date.fromisoformat(f["read_on"])).days
+        page = f["chapter"]
+        body.append(
+            f"<tr><td>{breakable(f['engine'])} {breakable(version)}</td>"
+            f"<td>{breakable(f['claim'])}</td>"
+            f"<td>{breakable(f['read_on'])} ({age}&nbsp;d)</td>"
+            f"<td><a href=\"{html.escape(page)}.html\">{html.escape(pages.get(page, page))}</a></td>"
+            f"<td><a href=\"{html.escape(f['source'])}\" title=\"{html.escape(f['where'])}\">"
+            "source</a></td></tr>")
+    return ("<table><thead><tr><th>engine, release</th><th>what the book says it does</th>"
+            "<th>read on (age)</th><th>page</th><th>read from</th></tr></thead><tbody>"
+            + "".join(body) + "</tbody></table>")
 
 
 def report_html(folder: str | Path | None = None) -> str:

@@ -102,3 +102,24 @@ def test_every_benchmark_says_how_a_gpu_records_it(tmp_path):
         words = bench.gpu_command.split()
         assert words[:2] == ["python", "-m"] and words[2].startswith("inferlab.benchmarks.")
         parse_only(words[2].rsplit(".", 1)[1], words[3:])     # raises if the parser refuses
+
+
+def test_the_engine_facts_table_breaks_only_at_joints():
+    """The status page's engine facts: a commit read is shown by its first 12 characters (the
+    40-character hash was one unbreakable word that pushed the table 185 pixels past the
+    column), a long hyphenated name may break after a hyphen inside it, "+" between two words
+    is a joint, and each row links its page and its source."""
+    import datetime as dt
+
+    row = {"key": "k", "engine": "DeepEP", "version": "commit 0297fc801788b14b338a46554faca28d419e518a",
+           "claim": "sets x-gateway-inference-objective on weights+activations", "read_on": "2026-11-30",
+           "source": "https://github.com/deepseek-ai/DeepEP/blob/0297fc8/README.md",
+           "where": "README", "chapter": "ch10_parallel"}
+    page = measurements.facts_html([row], {"ch10_parallel": "ch. 10"}, dt.date(2026, 12, 2))
+    text = re.sub(r"<[^>]+>", "", page)
+    assert "DeepEP commit 0297fc801788" in text and "0297fc801788b" not in text
+    assert "(2&nbsp;d)" in text and ">ch. 10</a>" in page and 'href="ch10_parallel.html"' in page
+    assert "gateway-</span><wbr>" in page and "weights+<wbr>activations" in page
+    assert measurements.breakable("--random-input-len-and-more").startswith(
+        '<span style="white-space: nowrap">--random-</span><wbr>')   # never after "--" alone
+    assert measurements.breakable("0.12.0") == "0.12.0"
