@@ -358,11 +358,12 @@ def facts_html(facts: list[dict], pages: dict[str, str], built) -> str:
         version = _COMMIT.sub(r"\1\2", f["version"])
         age = (built - dt.date.fromisoformat(f["read_on"])).days
         page = f["chapter"]
+        where = html.escape(pages.get(page, page)).replace(". ", ".&nbsp;")  # "ch. 10" whole
         body.append(
             f"<tr><td>{breakable(f['engine'])} {breakable(version)}</td>"
             f"<td>{breakable(f['claim'])}</td>"
             f"<td>{breakable(f['read_on'])} ({age}&nbsp;d)</td>"
-            f"<td><a href=\"{html.escape(page)}.html\">{html.escape(pages.get(page, page))}</a></td>"
+            f"<td><a href=\"{html.escape(page)}.html\">{where}</a></td>"
             f"<td><a href=\"{html.escape(f['source'])}\" title=\"{html.escape(f['where'])}\">"
             "source</a></td></tr>")
     return ("<table><thead><tr><th>engine, release</th><th>what the book says it does</th>"

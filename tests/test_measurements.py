@@ -118,7 +118,7 @@ def test_the_engine_facts_table_breaks_only_at_joints():
     page = measurements.facts_html([row], {"ch10_parallel": "ch. 10"}, dt.date(2026, 12, 2))
     text = re.sub(r"<[^>]+>", "", page)
     assert "DeepEP commit 0297fc801788" in text and "0297fc801788b" not in text
-    assert "(2&nbsp;d)" in text and ">ch. 10</a>" in page and 'href="ch10_parallel.html"' in page
+    assert "(2&nbsp;d)" in text and ">ch.&nbsp;10</a>" in page and 'href="ch10_parallel.html"' in page
     assert "gateway-</span><wbr>" in page and "weights+<wbr>activations" in page
     assert measurements.breakable("--random-input-len-and-more").startswith(
         '<span style="white-space: nowrap">--random-</span><wbr>')   # never after "--" alone
