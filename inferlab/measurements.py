@@ -146,7 +146,8 @@ def _fmt(value) -> str:
 # "+" between letters ("ttft.engine_s", "solutions/01_roofline.ipynb", "weights+activations";
 # never inside a number or a version such as 2.13.0+cpu), so that a narrow cell wraps a long key
 # at its joints instead of between two letters.
-_JOINT = re.compile(r"((?<=[\w\-])[_/]|(?<=[\w\-])\.(?=[A-Za-z])|(?<=[A-Za-z])\+(?=[A-Za-z]))(?=\w)")
+_JOINT = re.compile(r"((?<=[\w\-])[_/]|(?<=[\w\-])\.(?=[A-Za-z])|(?<=[A-Za-z])\+(?=[A-Za-z]))"
+                    r"(?=\w)")
 
 
 LONG = 20  # a hyphenated name longer than this may break after a hyphen inside it

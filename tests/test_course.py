@@ -137,3 +137,18 @@ def test_the_guide_check_finds_what_it_looks_for(root):
     lab9 = guide.index("**Lab 9 (")
     assert guide_problems(guide[:lab9] + "**Lab 10 (x).**\n\n" + guide[lab9:], chapters, labs)
     assert guide_problems(guide + "\n40 learners' nine labs (360 notebooks)\n", chapters, labs)
+
+
+def test_labs_are_grouped_by_the_distributions_they_imported_cheapest_first():
+    """tests/test_learner_setup.py runs the first lab of each group: the cheapest of those that
+    imported exactly that set."""
+    from inferlab.course import imports
+
+    numpy, torch = {"numpy": ["numpy"]}, {"torch": ["torch"]}
+    record = {"labs": {"solutions/01_a.ipynb": {"distributions": numpy, "seconds": 9.0},
+                       "solutions/02_b.ipynb": {"distributions": numpy, "seconds": 3.0},
+                       "solutions/03_c.ipynb": {"distributions": {**numpy, **torch},
+                                                "seconds": 1.0}}}
+    assert imports.import_sets(record) == {
+        frozenset({"numpy"}): ["solutions/02_b.ipynb", "solutions/01_a.ipynb"],
+        frozenset({"numpy", "torch"}): ["solutions/03_c.ipynb"]}

@@ -111,14 +111,17 @@ def test_the_engine_facts_table_breaks_only_at_joints():
     is a joint, and each row links its page and its source."""
     import datetime as dt
 
-    row = {"key": "k", "engine": "DeepEP", "version": "commit 0297fc801788b14b338a46554faca28d419e518a",
-           "claim": "sets x-gateway-inference-objective on weights+activations", "read_on": "2026-11-30",
+    row = {"key": "k", "engine": "DeepEP",
+           "version": "commit 0297fc801788b14b338a46554faca28d419e518a",
+           "claim": "sets x-gateway-inference-objective on weights+activations",
+           "read_on": "2026-11-30",
            "source": "https://github.com/deepseek-ai/DeepEP/blob/0297fc8/README.md",
            "where": "README", "chapter": "ch10_parallel"}
     page = measurements.facts_html([row], {"ch10_parallel": "ch. 10"}, dt.date(2026, 12, 2))
     text = re.sub(r"<[^>]+>", "", page)
     assert "DeepEP commit 0297fc801788" in text and "0297fc801788b" not in text
-    assert "(2&nbsp;d)" in text and ">ch.&nbsp;10</a>" in page and 'href="ch10_parallel.html"' in page
+    assert "(2&nbsp;d)" in text and ">ch.&nbsp;10</a>" in page
+    assert 'href="ch10_parallel.html"' in page
     assert "gateway-</span><wbr>" in page and "weights+<wbr>activations" in page
     assert measurements.breakable("--random-input-len-and-more").startswith(
         '<span style="white-space: nowrap">--random-</span><wbr>')   # never after "--" alone
