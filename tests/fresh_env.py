@@ -82,7 +82,9 @@ def shared_venv(tmp_path_factory) -> Venv:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         made = Venv(folder, venv / "bin" / "python", venv / "bin", env)
-        first = made.pip("install", "-q", *PREINSTALL)
+        # --no-compile: pip would byte-compile every module of torch at install time (2,285
+        # files, 9 CPU seconds); Python compiles what a lab imports when it imports it.
+        first = made.pip("install", "-q", "--no-compile", *PREINSTALL)
         assert first.returncode == 0, first.stderr[-3000:]
         _SHARED["venv"] = made
     return _SHARED["venv"]

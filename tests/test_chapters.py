@@ -1,4 +1,4 @@
-"""Every chapter follows the one template that README.md's "Add a chapter" describes.
+"""Every chapter follows the one template that MAINTAINING.md's "Add a chapter" describes.
 
 Objectives before the first section; the first code cell (the imports) shown, not hidden; each
 content section ending in a takeaway; then "In the lab", "Summary", "Exercises" and

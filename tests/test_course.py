@@ -1,5 +1,6 @@
 """inferlab.course.catalog reads the course's structure from its files, for the pages that list it."""
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -72,3 +73,82 @@ def test_hints_are_found_in_keywords_messages_dicts_and_helpers(tmp_path):
     assert summary.exercise == "9.1" and summary.function == "first"
     assert summary.tests == "``first(x)`` returns x."
     assert set(summary.hints) == {"think about ...", "from a dict", "look at the sign."}
+
+
+# --- The instructor guide holds to the catalog --------------------------------------------------
+
+def _guide_section(guide: str, heading: str) -> str:
+    start = guide.index(heading)
+    end = guide.find("\n## ", start + len(heading))
+    return guide[start:end if end > 0 else len(guide)]
+
+
+def guide_problems(guide: str, chapters: list[str], labs: list[int]) -> list[str]:
+    """Where the instructor guide disagrees with the course: objectives for every chapter, in
+    order, each naming its page and its lab; the lab-by-lab advice for every lab, in order; a
+    course plan that schedules every chapter and its lab, one a week, in order; and no count of
+    labs, chapters or notebooks typed into the prose (the page computes them)."""
+    problems = []
+    objectives = re.findall(r"^\*\*Chapter (\d+),.*?\*\* \(\{doc\}`(\w+)`, lab (\d+)\)",
+                            _guide_section(guide, "## Learning objectives"), re.M)
+    expected = [(str(i), Path(c).name, str(i)) for i, c in enumerate(chapters, 1)]
+    if objectives != expected:
+        problems.append(f"objectives {objectives}, expected {expected}")
+    stuck = [int(n) for n in re.findall(r"^\*\*Lab (\d+) \(", _guide_section(
+        guide, "## Where learners get stuck"), re.M)]
+    if stuck != labs:
+        problems.append(f"lab-by-lab advice for labs {stuck}, expected {labs}")
+    plan = _guide_section(guide, "## Syllabus: a course")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in plan.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    weeks = [int(row[0]) for row in rows]
+    if weeks != list(range(1, len(chapters) + 1)):
+        problems.append(f"the plan's weeks are {weeks}, for {len(chapters)} chapters")
+    for row in rows:
+        n = row[0]
+        if not (row[1].startswith(f"Chapter {n}:") and f"Lab {n}" in row[2]):
+            problems.append(f"week {n} schedules {row[1][:30]!r} and {row[2][:30]!r}")
+    prose = re.sub(r"```.*?```", "", guide, flags=re.S)
+    words = r"\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+    for m in re.finditer(rf"\b({words})\s+(labs|chapters|notebooks)\b", prose, re.I):
+        problems.append(f"a typed count: {m.group(0)!r}")
+    return problems
+
+
+def test_the_instructor_guide_follows_the_catalog(root):
+    chapters = list(catalog.chapters(root))
+    labs = [lab.number for lab in catalog.labs(root)]
+    guide = (root / "book" / "instructor_guide.md").read_text(encoding="utf-8")
+    assert guide_problems(guide, chapters, labs) == []
+
+
+def test_the_guide_check_finds_what_it_looks_for(root):
+    """Each kind of contradiction the old guide had is caught: objectives out of order, a plan
+    that skips chapters, advice in the wrong order, a typed count."""
+    chapters = list(catalog.chapters(root))
+    labs = [lab.number for lab in catalog.labs(root)]
+    guide = (root / "book" / "instructor_guide.md").read_text(encoding="utf-8")
+    five, six = (re.search(rf"^\*\*Chapter {n},.*?(?=^\*\*Chapter|\Z)", guide, re.M | re.S).group(0)
+                 for n in (5, 6))
+    assert guide_problems(guide.replace(five, "@@").replace(six, five).replace("@@", six),
+                          chapters, labs)
+    week6 = next(line for line in guide.splitlines() if line.startswith("| 6 | Chapter 6:"))
+    assert guide_problems(guide.replace(week6 + "\n", ""), chapters, labs)
+    lab9 = guide.index("**Lab 9 (")
+    assert guide_problems(guide[:lab9] + "**Lab 10 (x).**\n\n" + guide[lab9:], chapters, labs)
+    assert guide_problems(guide + "\n40 learners' nine labs (360 notebooks)\n", chapters, labs)
+
+
+def test_labs_are_grouped_by_the_distributions_they_imported_cheapest_first():
+    """tests/test_learner_setup.py runs the first lab of each group: the cheapest of those that
+    imported exactly that set."""
+    from inferlab.course import imports
+
+    numpy, torch = {"numpy": ["numpy"]}, {"torch": ["torch"]}
+    record = {"labs": {"solutions/01_a.ipynb": {"distributions": numpy, "seconds": 9.0},
+                       "solutions/02_b.ipynb": {"distributions": numpy, "seconds": 3.0},
+                       "solutions/03_c.ipynb": {"distributions": {**numpy, **torch},
+                                                "seconds": 1.0}}}
+    assert imports.import_sets(record) == {
+        frozenset({"numpy"}): ["solutions/02_b.ipynb", "solutions/01_a.ipynb"],
+        frozenset({"numpy", "torch"}): ["solutions/03_c.ipynb"]}

@@ -208,8 +208,8 @@ def test_endless_and_crashing_notebooks_stop_alone(short_runs):
 def test_text_and_csv_reports(full_runs):
     results = list(full_runs[2].values())
     text = grade.format_text(results)
-    assert text.splitlines()[0].split() == ["notebook", "lab", "score", "pass", "fail", "todo",
-                                            "norun", "flag", "secs"]
+    assert text.splitlines()[0].split() == ["lab", "score", "pass", "fail", "todo", "norun",
+                                            "flag", "secs", "notebook"]
     assert max(map(len, text.splitlines())) <= 80  # reads in an 80-column terminal
     flat = " ".join(text.split())
     assert "not JSON" in flat and "[FAIL] Exercise 1.2" in flat
@@ -269,6 +269,32 @@ def test_a_function_that_calls_the_reference_is_one_finding(full_runs):
 
 
 # Cheap checks of the parts that need no kernel.
+
+def test_the_report_names_each_submission_by_what_tells_it_apart(tmp_path):
+    """Two learners' copies of one lab differ only in their folders: the table shows each
+    notebook's path below the folder they share, in full however long (it once kept the last
+    26 characters, "...alice_01_roofline.ipynb", and lost the learner's name)."""
+    long = "a-learner-whose-name-is-rather-long"
+    paths = [str(tmp_path / "submissions" / "week 1" / who / "01_roofline.ipynb")
+             for who in ("alice", long)]
+    results = [outcome.NotebookResult(p, outcome.COMPLETED, seconds=1.0, lab="lab01",
+                                      exercises=[outcome.ExerciseResult("1.2", outcome.FAILED,
+                                                                        "[FAIL] wrong")])
+               for p in paths]
+    folder, names = grade.submission_names(paths)
+    assert names == [os.path.join("alice", "01_roofline.ipynb"),
+                     os.path.join(long, "01_roofline.ipynb")]
+    assert folder == str(tmp_path / "submissions" / "week 1")
+    text = grade.format_text(results)
+    rows = text.splitlines()[2:4]
+    assert [row.split("  ")[-1] for row in rows] == names           # whole, last on the row
+    assert f"{names[1]} (lab01, 0 of 1 points)" in text               # the findings' title too
+    assert f"under {folder}{os.sep}" in text
+    assert grade.submission_names([paths[0]]) == (os.path.dirname(paths[0]), ["01_roofline.ipynb"])
+    here = grade.submission_names(["a.ipynb", "b.ipynb"])
+    assert here == (".", ["a.ipynb", "b.ipynb"])
+    assert all(len(row) <= 80 for row in grade.format_text(
+        [outcome.NotebookResult("x/a.ipynb", outcome.COMPLETED, lab="lab01")]).splitlines())
 
 def test_tags_are_read_and_the_worst_report_wins():
     nb = nbformat.v4.new_notebook()

@@ -272,6 +272,23 @@ def test_capacity_figure_and_fallback(monkeypatch):
     assert hasattr(show_capacity(), "get_lines")
 
 
+def test_the_capacity_axis_has_a_0_tick_only_where_a_model_fits_0_requests():
+    """The calculators' chart (A100-80GB: every model fits a request at every context) showed
+    a "0" tick under its log axis that no line reached."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for device, zero in (("A100 80GB SXM", False), ("A100 40GB SXM", True)):
+        ax = plot_capacity(device=device)
+        counts = [y for line in ax.get_lines() for y in line.get_ydata()]
+        ax.figure.canvas.draw()
+        low, high = ax.get_ylim()
+        shown = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+        assert (min(counts) == 0) == zero and ("0" in shown) == zero, (device, shown)
+        plt.close(ax.figure)
+
+
 def test_capacity_widget_builds_when_ipywidgets_is_there():
     pytest.importorskip("ipywidgets")
     import matplotlib

@@ -106,3 +106,54 @@ def test_a_learner_function_that_calls_the_reference_is_flagged_in_the_notebook(
                 checks.summary()
         finally:
             checks._outcomes.clear()
+
+
+def test_a_failed_checks_block_comes_before_what_the_cell_prints_after_it(tmp_path):
+    """In a real kernel, a cell that prints, fails a check and prints again (Lab 2's Exercise
+    2.3 prints a table with the lent reference) shows its output in that order: the [FAIL]
+    block right after what came before it and above the rest, its lines whole (the course's
+    style wraps printed prose, never the block). Jupyter's kernel sends a stream when it flushes
+    it, stdout first at the end of a cell, so an unflushed stderr block would come last."""
+    import nbclient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("from inferlab.analysis.column import use_course_style\n"
+                                  "from inferlab.course.checks import lab01 as check\n"
+                                  "use_course_style()"),
+        nbformat.v4.new_code_cell("print('before the check')\n"
+                                  "ridge_point = check.ridge_point(lambda peak, bw: bw / peak)\n"
+                                  "print('after the check:', ridge_point(2e12, 1e12))"),
+    ]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [(o["name"], o["text"]) for o in nb.cells[1].outputs if o["output_type"] == "stream"]
+    assert [name for name, _ in outputs] == ["stdout", "stderr", "stdout"], outputs
+    assert outputs[0][1] == "before the check\n" and outputs[2][1] == "after the check: 2.0\n"
+    block = outputs[1][1].splitlines()
+    first = next(line for line in block if "[FAIL] Exercise 1.1a" in line)
+    assert len(first) > 100 and "Hint:" in outputs[1][1]     # one line, as long as it is
+
+
+def test_lab_1s_explorer_leaves_its_static_figure_in_the_notebook(root, tmp_path):
+    """Lab 1's section 6 draws the explorer's static figure and then builds the widget. The
+    figure must be an image output of the cell itself, which an executed notebook and the site
+    keep, not only inside the widget's output area, which a static page cannot show (the
+    widget's first draw used to take every open figure into its area with plt.show())."""
+    import nbclient
+
+    pytest.importorskip("ipywidgets")
+    cells = [c for c in nbformat.read(root / "solutions" / "01_roofline.ipynb", as_version=4).cells
+             if c.cell_type == "code"]
+    explorer = next(c.source for c in cells if "plot_explorer(" in c.source)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\n"
+                                          "from inferlab.analysis.column import use_course_style\n"
+                                          "use_course_style()"),
+                nbformat.v4.new_code_cell(explorer)]
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    kinds = [next(iter(sorted(o.get("data", {})))) if o.get("data") else o["output_type"]
+             for o in nb.cells[1].outputs]
+    assert "image/png" in kinds, kinds
+    assert kinds.index("image/png") < kinds.index("application/vnd.jupyter.widget-view+json")

@@ -37,11 +37,12 @@ def test_every_lab_has_a_solution_and_stubs_for_every_exercise(root):
 def test_setup_cell_installs_only_inferlab_from_the_configured_repository(root):
     url = labgen.repository_url(root)
     assert url.startswith("https://github.com/")
-    for path in sorted((root / "labs").glob("*.ipynb")):
+    for path in sorted((root / "labs").glob("*.ipynb")) + sorted((root / "book").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         setup = next(c for c in nb.cells if c.cell_type == "code").source
-        assert setup == labgen.setup_cell_source(url)
-        installs = re.findall(r'"install", "-q", "([^"]+)"', setup)
+        assert setup == labgen.setup_cell_source(url), path.name
+        assert '"install", "-q", package]' in setup
+        installs = re.findall(r'package = "([^"]+)"', setup)
         assert installs == [f"inferlab @ git+{url}"]
         assert "torch" not in installs[0]
 

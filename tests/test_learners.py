@@ -175,7 +175,7 @@ def test_command_finder_and_provider(root):
     assert provided("python -m nonexistent_module_x", root) is not None
 
 
-@pytest.mark.parametrize("page", ["book/setup.md", "README.md"])
+@pytest.mark.parametrize("page", ["book/setup.md", "README.md", "MAINTAINING.md"])
 def test_every_command_a_page_names_exists_after_the_install(root, page):
     commands = commands_in((root / page).read_text(encoding="utf-8"))
     assert commands

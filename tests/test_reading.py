@@ -68,12 +68,12 @@ def test_the_checks_see_glue_only_cells_and_trailing_glue():
 
 # --- Printed output that fits the column ---------------------------------------------------
 
-def test_printed_lines_are_wrapped_to_the_column():
+def test_printed_prose_is_wrapped_to_the_column_and_table_rows_are_not():
     import io
 
-    from inferlab.analysis.column import OUTPUT_CHARS, _WrappingStream, wrap_line
+    from inferlab.analysis.column import OUTPUT_CHARS, Table, _WrappingStream, wrap_line
 
-    long = "  H100 SXM  $6.88/h (AWS, 2026-11-09, secondary)  " + "an offering, " * 8
+    long = "  H100 SXM at $6.88/h (AWS, 2026-11-09, secondary): " + "an offering, " * 8
     wrapped = wrap_line(long).split("\n")
     assert len(wrapped) > 1 and all(len(line) <= OUTPUT_CHARS for line in wrapped)
     assert wrapped[1].startswith("      ")            # its indent, and four more
@@ -81,13 +81,35 @@ def test_printed_lines_are_wrapped_to_the_column():
     assert wrap_line("short") == "short"
     sink = io.StringIO()
     stream = _WrappingStream(sink, OUTPUT_CHARS)
-    print(long, "x", file=stream, end="")             # one line written in pieces
+    print(long.rstrip(), "x", file=stream, end="")    # one line written in pieces
     assert sink.getvalue() == ""
     stream.write("\nnext\n")
     stream.write("100 %")                             # a line not ended yet goes out on flush
     stream.flush()
     lines = sink.getvalue().split("\n")
     assert max(map(len, lines)) <= OUTPUT_CHARS and lines[-2:] == ["next", "100 %"]
+    # A table's rows stay whole however wide (Lab 1's sweep broke mid-row, "ms/token" alone on a
+    # line): a table wider than the column is shown as a Table, not cut into pieces.
+    row = "B=   16  " + "  ".join(f"{x:9.1f} us" for x in range(8))
+    header = "batch  " + "  ".join(f"time {i} (ms/token)" for i in range(5))
+    table = str(Table([[str(i), "x" * 30, "y" * 30, "z" * 10] for i in range(3)], list("abcd")))
+    for line in [row, header, *table.splitlines()]:
+        assert wrap_line(line) == line, line
+    assert min(len(line) for line in [row, header, *table.splitlines()[1:]]) > OUTPUT_CHARS
+    sink = io.StringIO()
+    stream = _WrappingStream(sink, OUTPUT_CHARS)
+    print(table, file=stream)
+    assert sink.getvalue() == table + "\n"
+    # A listing whose rows end in a sentence (Chapter 7's goodput per design) keeps its first
+    # columns whole and wraps the sentence under itself, as a table wraps its last column.
+    listing = [f"  {name:10s} {rate:5.2f} req/s per GPU ({rate * 4:6.2f} for the cluster; "
+               "7 rates tried; at the answer 96% within the SLO over 1,234 requests)"
+               for name, rate in (("colocated", 0.51), ("1P3D", 3.4))]
+    for row, rate in zip(listing, ("0.51", "3.40")):
+        lines, cell = wrap_line(row).split("\n"), row.index(rate)   # where the second cell starts
+        assert len(lines) > 1 and max(map(len, lines)) <= OUTPUT_CHARS
+        assert lines[0].startswith(row[:cell + 4])
+        assert all(len(line) - len(line.lstrip()) == cell for line in lines[1:]), lines
 
 
 def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():
@@ -95,8 +117,9 @@ def test_a_table_is_html_in_a_notebook_and_aligned_text_when_printed():
 
     table = Table([{"device": "H100 SXM", "TB/s": "3.35"}, {"device": "B200", "TB/s": "8.00"}])
     html = table._repr_html_()
-    assert html.count("<tr>") == 3 and "<th>TB/s</th>" in html
-    assert 'style="text-align: right">3.35' in html
+    assert html.count("<tr>") == 3 and ">TB/s</th>" in html
+    assert 'style="text-align: right">3.35' in html and 'style="text-align: left">B200' in html
+    assert '<th style="text-align: right">TB/s</th>' in html
     lines = str(table).splitlines()
     assert lines[0].split() == ["device", "TB/s"] and lines[2].endswith("3.35")
     assert len({len(line) for line in lines}) == 1    # columns aligned

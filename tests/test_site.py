@@ -6,9 +6,10 @@ typeset by the MathJax the site ships (no network: MathJax must come from the si
 In the same browser, at a 1280-pixel window, the last browser tests check that the page is
 readable at the size it is shown: the content column is as wide as the figures are drawn for
 (``inferlab.analysis.column.COLUMN_PX``), no image is scaled below 95% of its pixels (the
-browser shrinks a wider one, and its legend text with it), and no printed output, output table
-or display equation is wider than its box (cut, or scrolled sideways), drop-down answers
-included.
+browser shrinks a wider one, and its legend text with it), no printed output, output table,
+code cell or code block or display equation is wider than its box (cut, or scrolled sideways),
+drop-down answers included, and no table cell is narrower than a word of it (the word would
+break between two letters). A planted page shows that the last checks find what they look for.
 
 The last tests read the built HTML as text, with no browser: every figure has real alt text
 (words, not MyST-NB's default of the image's file name), and no MyST role, directive fence or
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -82,7 +84,8 @@ INSPECT_JS = """
   const wide = el => el.scrollWidth > el.clientWidth + 1;
   const where = el => (el.closest('section[id]') || {}).id || '';
   const outputs = Array.from(document.querySelectorAll(
-      'article .cell_output pre, article .cell_output .output, article .cell_output table'));
+      'article .cell_output pre, article .cell_output .output, article .cell_output table, ' +
+      'article .cell_input pre, article div[class*="highlight-"]:not(.output) pre'));
   const overflowing = outputs.filter(wide).map(el => ({
     section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
     text: (el.innerText || el.textContent || '').split(String.fromCharCode(10)).sort((a, b) => b.length - a.length)[0].slice(0, 120)}));
@@ -91,6 +94,27 @@ INSPECT_JS = """
                     return m && (wide(el) || wide(m)); })
     .map(el => ({section: where(el), scroll: el.scrollWidth, client: el.clientWidth,
                  text: (el.textContent || '').slice(0, 120)}));
+  // Words a table cell breaks between two letters ("rooflin e"): a word (a run of non-spaces
+  // in one text node, cut after each hyphen, where a line may end; <wbr> ends a text node)
+  // whose box spans more than one line.
+  const broken = [];
+  for (const cell of document.querySelectorAll('article td, article th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const words = /[^\s-]+-*|-+/g;
+      let m;
+      while ((m = words.exec(node.textContent))) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                   .map(r => Math.round(r.top)));
+        if (lines.size > 1) {
+          broken.push({section: where(cell), word: m[0].slice(0, 60), width: cell.clientWidth});
+        }
+      }
+    }
+  }
   // the width the article gives its content: its box less its padding
   const body = document.querySelector('article.bd-article') || document.querySelector('article');
   const pad = body ? parseFloat(getComputedStyle(body).paddingLeft)
@@ -104,6 +128,7 @@ INSPECT_JS = """
     column: body ? body.clientWidth - pad : 0,
     overflowing: overflowing,
     equations: equations,
+    broken: broken,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     maths: maths.length,
     typeset: Array.from(maths).filter(m => m.querySelector('mjx-container')).length,
@@ -296,13 +321,25 @@ def pages(root, site, server) -> dict[str, dict]:
     files = catalog.toc_files(root)
     browser = Browser(executable)
     try:
-        seen = browser.inspect([server + f + ".html" for f in files], allowed=server)
+        seen = browser.inspect([server + f + ".html" for f in files] + [PLANTED],
+                               allowed=server)
     finally:
         browser.close()
     out = {f: seen[server + f + ".html"] for f in files}
     out["_blocked"] = list(browser.blocked)   # requests to any host but the test's own server
     out["_server"] = server
+    out["_planted"] = seen[PLANTED]
     return out
+
+
+# A page with what the browser checks look for, to show that they find it: a table cell too
+# narrow for its word, which a rule lets break between letters, and a code cell's long line.
+PLANTED = ("data:text/html," + urllib.parse.quote(
+    "<html><body><article><section id='planted'>"
+    "<table style='width:60px'><tr><td style='overflow-wrap:anywhere'>supercalifragilistic"
+    "</td><td>ok</td></tr></table>"
+    "<div class='cell_input'><pre style='width:100px;overflow:auto'>" + "x = 1; " * 40
+    + "</pre></div></section></article></body></html>"))
 
 
 def _part(root, kind: str) -> list[str]:
@@ -466,6 +503,18 @@ def test_no_figure_is_scaled_below_a_legible_size(root, pages):
                 problems.append(f"{page}: {image['src']} is {image['width']} pixels wide, shown "
                                 f"at {image['shown']:.0f} ({image['shown'] / image['width']:.0%})")
     assert not problems, "\n".join(problems)
+
+
+def test_no_table_cell_is_narrower_than_a_word(root, pages):
+    """Every table on the site, in prose or in a cell's output, leaves each word whole: a
+    column squeezed below its longest word breaks it between letters ("rooflin e", "Chapte r
+    1"), which no reader can read as a word. Long names break at the joints a page marks."""
+    planted = pages["_planted"]
+    assert [b["word"] for b in planted["broken"]] == ["supercalifragilistic"]
+    assert planted["overflowing"], "the planted code line that scrolls was not seen"
+    problems = [f"{page} #{b['section']}: {b['word']!r} broken in a {b['width']}-pixel cell"
+                for page in catalog.toc_files(root) for b in pages[page]["broken"]]
+    assert not problems, f"{len(problems)} words broken:\n" + "\n".join(problems[:60])
 
 
 def test_no_output_or_equation_is_wider_than_the_column(root, pages):

@@ -200,13 +200,14 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
         _, ax = plt.subplots(figsize=(8.5, 4.2))
     spec = _spec(device)
     markers = "os^Dv<>p"
-    top = 1
+    top, least = 1, None
     for i, name in enumerate(models):
         config = _config(name)
         counts = [capacity(name, spec, c, kv_dtype, activation_reserve=activation_reserve,
                            memory_utilization=memory_utilization).max_requests
                   for c in contexts]
         top = max(top, *counts)
+        least = min(counts) if least is None else min(least, *counts)
         kib = formulas.kv_bytes_per_token(config, kv_dtype) / 2**10
         window = (f", window {config.sliding_window:,}" if config.sliding_window else "")
         # alternate solid and dashed lines with open markers, so that two models with the
@@ -216,8 +217,12 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
                 markerfacecolor="none" if i % 2 else None,
                 label=f"{name} ({kib:,.0f} KiB/token{window})")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("symlog", linthresh=1)  # linear near 0, so a count of 0 still shows
-    ax.set_ylim(0, top * 2.0)              # headroom: the top markers are not cut
+    if least == 0:  # linear near 0, so that a count of 0 still shows, at a "0" tick
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(0, top * 2.0)          # headroom: the top markers are not cut
+    else:           # no model at 0: a plain log axis, with no 0 tick and no linear stretch
+        ax.set_yscale("log")
+        ax.set_ylim(least / 2.0, top * 2.0)
     ax.set_xticks(contexts, [f"{c:,}" for c in contexts])
     ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))

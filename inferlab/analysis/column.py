@@ -8,7 +8,8 @@ high. So every figure the book shows is made to fit:
 - ``COURSE_STYLE`` and ``use_course_style``: the book's matplotlib settings (100 dpi, so a
   6.9-inch figure fills the column; 10-point text; no "+1e12" offsets), and, in a Jupyter
   kernel, every figure a notebook shows passed through ``fit_to_column`` first and every
-  printed line wrapped to ``OUTPUT_CHARS`` (``wrap_printed_lines``). Chapters, solutions and the calculators call it
+  printed line of prose wrapped to ``OUTPUT_CHARS`` (``wrap_printed_lines``; a table row is
+  never wrapped: show a table as a ``Table``). Chapters, solutions and the calculators call it
   in their first cell.
 - ``fit_to_column``: plain tick labels on log axes (1 T, not 10^12), long titles wrapped, and the
   figure narrowed (its text keeps its size; the axes give up the width) until it fits.
@@ -21,6 +22,8 @@ checks it, and reports one that still does not fit.
 """
 
 from __future__ import annotations
+
+import re
 
 # The width the site gives a notebook's output at a 1280-pixel browser window: sphinx-book-theme's
 # article is 752 pixels wide with 32 pixels of padding each side (tests/test_site.py measures it
@@ -45,7 +48,7 @@ OUTPUT_CHARS = 74
 
 def use_course_style() -> None:
     """Apply ``COURSE_STYLE``; in a Jupyter kernel, show every figure fitted to the column and
-    wrap every printed line longer than ``OUTPUT_CHARS`` (``wrap_printed_lines``)."""
+    wrap every printed line of prose longer than ``OUTPUT_CHARS`` (``wrap_printed_lines``)."""
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(COURSE_STYLE)
@@ -53,14 +56,45 @@ def use_course_style() -> None:
         wrap_printed_lines()
 
 
+# A row of a table printed as text: cells aligned by runs of spaces ("B=   16    412.0 us"; a
+# number padded inside a bracket, "(  2.05", is not a gap between cells), or a rule under a
+# header ("------  ----"). Prose has one space between its words.
+_GAP = re.compile(r"(?<=[^\s(\[]) {2,}(?=\S)")
+_RULE = re.compile(r"^\s*[-=]{3,}(\s+[-=]{3,})*\s*$")
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")  # a string's repr, quotes and all
+_PROSE_ROOM = 24  # the least room a row's last cell needs to be wrapped under itself
+
+
+def is_table_row(line: str) -> bool:
+    """True for a line that is a row of a table printed as text (``Table`` printed, or columns
+    aligned with format widths): breaking it would scatter its cells over the next lines.
+    Spaces inside a quoted string (a repr of generated code, say) are not a gap."""
+    bare = _QUOTED.sub(lambda m: "q" * len(m.group()), line)
+    return bool(_GAP.search(bare.lstrip(" ")) or _RULE.match(line))
+
+
 def wrap_line(line: str, width: int = OUTPUT_CHARS) -> str:
     """``line`` broken at spaces into lines of at most ``width`` characters (a word longer than
-    that stays whole), each continuation indented four spaces more than the line."""
+    that stays whole), each continuation indented four spaces more than the line.
+
+    A table row (``is_table_row``) is never broken between or inside its cells: a table wider
+    than the column is shown as a ``Table``. Only a row whose last cell is prose (words after
+    its last gap, the cells before it leaving room) has that cell wrapped under itself, as a
+    table wraps its last column: a listing of one row a design ending in a sentence keeps its
+    first columns clear."""
     import textwrap
 
     if len(line) <= width:
         return line
     indent = line[:len(line) - len(line.lstrip(" "))]
+    if is_table_row(line):
+        gaps = list(_GAP.finditer(_QUOTED.sub(lambda m: "q" * len(m.group()), line), len(indent)))
+        start = gaps[-1].end() if gaps else len(line)
+        if start > width - _PROSE_ROOM or " " not in line[start:].strip():
+            return line
+        return textwrap.fill(line[start:], width, initial_indent=line[:start],
+                             subsequent_indent=" " * start, break_long_words=False,
+                             break_on_hyphens=False)
     return textwrap.fill(line, width, subsequent_indent=indent + "    ",
                          break_long_words=False, break_on_hyphens=False)
 
@@ -89,8 +123,9 @@ class _WrappingStream:
 
 
 def wrap_printed_lines(width: int = OUTPUT_CHARS) -> None:
-    """Wrap what the notebook prints (``sys.stdout``) to ``width`` characters a line, so that no
-    printed line runs past the site's column; once per kernel."""
+    """Wrap the prose the notebook prints (``sys.stdout``) to ``width`` characters a line, so
+    that no printed sentence runs past the site's column; once per kernel. Table rows stay whole
+    (``wrap_line``), and stderr, where a check's ``[FAIL]`` block goes, is left alone."""
     import sys
 
     if not isinstance(sys.stdout, _WrappingStream):
@@ -241,13 +276,17 @@ class Table:
     def _repr_html_(self) -> str:
         import html
 
-        def cell(tag, value):
-            align = ' style="text-align: right"' if self._numeric(value) else ""
-            return f"<{tag}{align}>{html.escape(str(value))}</{tag}>"
+        # every cell says how it is aligned: JupyterLab right-aligns all table cells by default
+        def cell(tag, value, right):
+            align = "right" if right else "left"
+            return f'<{tag} style="text-align: {align}">{html.escape(str(value))}</{tag}>'
 
+        numeric = [bool(self.rows) and all(self._numeric(row[i]) for row in self.rows)
+                   for i in range(len(self.columns))]
         caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in self.rows)
+        head = "".join(cell("th", c, n) for c, n in zip(self.columns, numeric))
+        body = "".join("<tr>" + "".join(cell("td", v, self._numeric(v)) for v in row) + "</tr>"
+                       for row in self.rows)
         return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     def __str__(self) -> str:

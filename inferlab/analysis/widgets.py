@@ -15,18 +15,25 @@ def redrawing(controls: dict, rows: list[list[str]], draw: Callable[..., None]):
     impossible combination, such as bfloat16 on a T4) is printed instead of raised."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+    from IPython.display import display
 
     out = widgets.Output()
 
     def redraw(_=None):
         with out:
             out.clear_output(wait=True)
+            before = set(plt.get_fignums())
             try:
                 draw(**{name: control.value for name, control in controls.items()})
             except ValueError as error:
                 print(error)
                 return
-            plt.show()
+            # only the figures draw made: plt.show() would take every open figure into this
+            # output area, a figure the cell drew before building the widget included
+            for number in sorted(set(plt.get_fignums()) - before):
+                figure = plt.figure(number)
+                display(figure)
+                plt.close(figure)
 
     for control in controls.values():
         control.observe(redraw, names="value")

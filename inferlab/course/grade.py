@@ -68,12 +68,13 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from inferlab.course.report import (EXIT_ALL_PASSED, EXIT_NOT_ALL_PASSED, EXIT_NOT_GRADED,
-    EXIT_USAGE, exit_status, format_csv, format_json, format_text, load_weights, score)
+    EXIT_USAGE, exit_status, format_csv, format_json, format_text, load_weights, score,
+    submission_names)
 from inferlab.course.results import PASSED, TIMED_OUT, GRADER_ERROR, NotebookResult
 from inferlab.course.runner import CHECK_BUDGET_S, run_notebook
 
 __all__ = ["grade", "main", "exit_status", "score", "format_text", "format_csv", "format_json",
-           "load_weights", "EXIT_ALL_PASSED", "EXIT_NOT_ALL_PASSED", "EXIT_USAGE",
+           "load_weights", "submission_names", "EXIT_ALL_PASSED", "EXIT_NOT_ALL_PASSED", "EXIT_USAGE",
            "EXIT_NOT_GRADED"]
 _WORKER_GRACE_S = 90  # kernel start-up and shutdown on top of a notebook's own budget
 DEFAULT_MEMORY_GB = 8.0  # the worker's (and so its kernel's) data-segment limit

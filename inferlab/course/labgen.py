@@ -53,13 +53,15 @@ def setup_cell_source(repo_url: str) -> str:
     """The first code cell of every lab: install ``inferlab`` (and only it) where it is missing."""
     return (
         f"{SETUP_FIRST_LINE}\n"
-        "# Locally, after `pip install -r requirements.txt`, inferlab is already there and this\n"
-        "# cell does nothing. The package's requirements are ranges that Colab's own torch,\n"
-        "# numpy and matplotlib already satisfy, so pip keeps them.\n"
+        "# On your own machine, after the README's quick start (`pip install -e\n"
+        "# \".[labs]\"` in the checkout), inferlab is already there and this cell does\n"
+        "# nothing. The package asks for ranges of torch, numpy and matplotlib that\n"
+        "# Colab's own copies satisfy, so pip keeps them.\n"
         "import importlib.util, subprocess, sys\n"
         "if importlib.util.find_spec(\"inferlab\") is None:\n"
-        f"    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", "
-        f"\"inferlab @ git+{repo_url}\"], check=True)"
+        f"    package = \"inferlab @ git+{repo_url}\"\n"
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", package],\n"
+        "                   check=True)"
     )
 
 

@@ -2,8 +2,9 @@
 
 ``score`` gives a notebook the points of its passed exercises out of its lab's (each check
 module's ``WEIGHTS``, overridden by an instructor's ``--weights`` file, ``load_weights``).
-``format_text`` is what a person reads in an 80-column terminal: one line a notebook, then each
-notebook's findings, one line (wrapped) per offence; ``format_csv`` one row per exercise, for a
+``format_text`` is what a person reads in an 80-column terminal: one line a notebook (its path
+below the submissions' common folder in full, last), then each notebook's findings, one line
+(wrapped) per offence; ``format_csv`` one row per exercise, for a
 spreadsheet; ``format_json`` everything. ``exit_status`` is the grading command's status.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -70,31 +72,45 @@ def _points(x: float) -> str:
     return f"{x:g}"
 
 
-def _left_cut(text: str, width: int) -> str:
-    return text if len(text) <= width else "..." + text[len(text) - width + 3:]
-
-
 WIDTH = 80  # the report reads in an 80-column terminal
 
 
+def submission_names(paths: list[str]) -> tuple[str, list[str]]:
+    """The folder every notebook lies under, and each notebook's path below it: the part that
+    tells two submissions apart (``alice/01_roofline.ipynb`` and ``bob/01_roofline.ipynb``
+    under ``submissions``; the file names when they share one folder), shown in full."""
+    if not paths:
+        return "", []
+    absolute = [os.path.abspath(p) for p in paths]
+    common = os.path.commonpath([os.path.dirname(p) for p in absolute])
+    names = [os.path.relpath(p, common) for p in absolute]
+    shown = os.path.relpath(common) if common == os.getcwd() or \
+        common.startswith(os.getcwd() + os.sep) else common
+    return shown, names
+
+
 def format_text(results: list[NotebookResult], overrides: dict[str, float] | None = None) -> str:
-    """A table of one line a notebook (score and counts), then the findings of each notebook
-    that has any: one line (wrapped to 80 columns) per exercise not passed, per flag and per
-    note. Every line fits in ``WIDTH`` columns."""
-    head = (f"{'notebook':<26} {'lab':<5} {'score':>12} {'pass':>4} {'fail':>4} {'todo':>4} "
-            f"{'norun':>5} {'flag':>4} {'secs':>6}")
-    lines = [head, "-" * len(head)]
-    for r in results:
+    """A table of one line a notebook (score and counts, then the notebook's path below the
+    folder all of them share, in full however long), then the findings of each notebook that
+    has any: one line (wrapped to 80 columns) per exercise not passed, per flag and per note.
+    The counts fit in ``WIDTH`` columns; a name longer than the room left runs past them
+    rather than being cut, since it is what tells one learner's notebook from another's."""
+    folder, names = submission_names([r.notebook for r in results])
+    head = (f"{'lab':<5} {'score':>12} {'pass':>4} {'fail':>4} {'todo':>4} "
+            f"{'norun':>5} {'flag':>4} {'secs':>6}  notebook")
+    lines = [head, "-" * max([len(head)] + [len(head) - len("notebook") + len(n) for n in names])]
+    for r, name in zip(results, names):
         earned, possible = score(r, overrides)
         pct = f"{earned / possible:.0%}" if possible else "-"
         mark = "" if r.graded_to_end else "*"
         cell = f"{_points(earned)}/{_points(possible)} {pct}{mark}"
-        lines.append(f"{_left_cut(r.notebook, 26):<26} {(r.lab or '-'):<5} {cell:>12} "
+        lines.append(f"{(r.lab or '-'):<5} {cell:>12} "
                      f"{r.count(PASSED):>4} {r.count(FAILED):>4} {r.count(NOT_ATTEMPTED):>4} "
-                     f"{r.count(NOT_RUN):>5} {r.count(FLAGGED):>4} {r.seconds:>6.1f}")
+                     f"{r.count(NOT_RUN):>5} {r.count(FLAGGED):>4} {r.seconds:>6.1f}  {name}")
     lines.append("score: points of the passed exercises / points of the lab; todo: not "
                  "attempted;")
     lines.append("norun: not run; * the notebook did not run to its end (see its note).")
+    lines.append(f"notebook: its path under {folder or '.'}{os.sep}")
     out = ["\n".join(lines)]
 
     def wrapped(first: str, text: str) -> str:
@@ -103,7 +119,7 @@ def format_text(results: list[NotebookResult], overrides: dict[str, float] | Non
                              break_on_hyphens=False)
 
     blocks = []
-    for r in results:
+    for r, name in zip(results, names):
         w = weights(r, overrides)
         earned, possible = score(r, overrides)
         found = []
@@ -119,7 +135,7 @@ def format_text(results: list[NotebookResult], overrides: dict[str, float] | Non
         for f in r.flags:
             found.append(wrapped(f"  flag, {f['kind']}: ", f["message"]))
         if found:
-            title = f"{r.notebook} ({r.lab or 'no lab'}, {_points(earned)} of " \
+            title = f"{name} ({r.lab or 'no lab'}, {_points(earned)} of " \
                     f"{_points(possible)} points)"
             blocks.append("\n".join([wrapped("", title), *found]))
     if blocks:

@@ -5,7 +5,8 @@ cases whose answers come from an oracle (a formula, or a reference implementatio
 solution) and ends in one of four ways:
 
 - passed: prints a line starting ``[PASS]`` and returns the learner's function;
-- failed: prints a marked block (on stderr, which Jupyter shows on a red ground) starting
+- failed: prints a marked block (on stderr, which Jupyter shows on a red ground, flushed in its
+  place so that it comes before anything the cell prints after the check) starting
   ``[FAIL]`` that says what was called, what came back, what was expected and a hint, and that
   from here on the lab uses inferlab's reference implementation; it returns that reference, so
   the rest of the lab runs and no later number is computed with code known to be wrong;
@@ -172,12 +173,22 @@ def _failed(exercise: str, name: str, message: str, reference, cause: BaseExcept
     _outcomes[exercise] = (FAIL, message)
     rule = "=" * 78
     lines = message.splitlines()
-    print(f"{_RED}{rule}\n{lines[0]}{_RESET}", *lines[1:],
-          f"From here on this lab uses inferlab's reference implementation "
-          f"({_reference_name(reference)}) in place of your {name}, so no later number is "
-          f"computed with code known to be wrong. Fix {name}, run its cell and this one again.",
-          f"{_RED}{rule}{_RESET}", sep="\n", file=sys.stderr)
+    _to_stderr(f"{_RED}{rule}\n{lines[0]}{_RESET}", *lines[1:],
+               f"From here on this lab uses inferlab's reference implementation "
+               f"({_reference_name(reference)}) in place of your {name}, so no later number is "
+               f"computed with code known to be wrong. Fix {name}, run its cell and this one "
+               "again.", f"{_RED}{rule}{_RESET}")
     return reference
+
+
+def _to_stderr(*lines: str) -> None:
+    """Print ``lines`` on stderr, in their place among the cell's output: Jupyter's kernel sends
+    each stream when it flushes it, stdout first at the end of a cell, so a block written to
+    stderr unflushed shows below everything the cell printed after it. What was printed before
+    goes out first, the block next, and whatever the cell prints after it follows it."""
+    sys.stdout.flush()
+    print(*lines, sep="\n", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _uses_reference(learner, reference) -> str | None:
@@ -222,7 +233,7 @@ def run_check(exercise: str, name: str, learner: F, reference: F,
                    f"{where}, so this check tested inferlab, not your code: it does not count "
                    "as passed. Write the function yourself.")
         _outcomes[exercise] = (FLAG, message)
-        print(message, file=sys.stderr)
+        _to_stderr(message)
         return reference
     if not _strict:
         _outcomes[exercise] = (PASS, "")
