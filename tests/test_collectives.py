@@ -84,7 +84,10 @@ def test_the_nvlink_fit_follows_vllms_published_timings():
 def test_engines_use_their_kernels_only_where_vllm_does():
     assert c.all_reduce(NVLINK, 16384, 8).how.startswith("vLLM one-shot")
     assert c.all_reduce(NVLINK, 2**20, 8).how.startswith("vLLM symmetric-memory")  # > 256 KiB
-    assert c.all_reduce(NVLINK, 2**20, 4).how.startswith("vLLM two-shot")   # custom cap 32 MiB
+    assert c.all_reduce(NVLINK, 2**20, 4).how.startswith("vLLM two-shot")   # custom cap 8 MiB
+    # CustomAllreduce's default max_size (8 MiB) caps the table's 64 and 32 MiB on 2 and 4 GPUs
+    assert c.CUSTOM_MAX_BYTES == {2: 8 * 2**20, 4: 8 * 2**20, 6: 2**19, 8: 2**18}
+    assert c.all_reduce(NVLINK, 16 * 2**20, 4).how.startswith("vLLM symmetric-memory")
     assert c.all_reduce(NVLINK, 64 * 2**20, 8).how.startswith("NCCL")       # symm-mem cap
     assert c.all_reduce(NVLINK, 16384, 16).how.startswith("NCCL")           # not 2, 4, 6 or 8
     assert c.all_reduce(PCIE, 16384, 2).how.startswith("NCCL")

@@ -20,14 +20,15 @@ def test_the_published_layouts_hold_every_expert_and_its_redundant_copies():
 def test_weight_bytes_per_gpu_splits_only_the_routed_experts():
     v3 = MoEConfig.from_name("deepseek-v3")
     wide, narrow = md.deepseek_layout("decode"), md.deepseek_layout("prefill")
-    replicated = (v3.params(0) - v3.vocab_size * v3.d_model)  # FP8: one byte each
+    head = v3.vocab_size * v3.d_model
+    replicated = (v3.params(0) - 2 * head) + 2 * head  # FP8 one byte each, the bf16 head two
     assert md.weight_bytes_per_gpu(wide) == pytest.approx(
         replicated + v3.moe_layers * 2 * v3.expert_params)
     assert md.weight_bytes_per_gpu(narrow) - md.weight_bytes_per_gpu(wide) == pytest.approx(
         v3.moe_layers * 7 * v3.expert_params)
     one_gpu = md.EPLayout("deepseek-v3", 1, 0)  # everything on one GPU: the whole model's read
     assert md.weight_bytes_per_gpu(one_gpu) == pytest.approx(
-        v3.decode_bytes_per_step(10**6, "float8_e4m3fn"))
+        v3.decode_bytes_per_step(10**6, "float8_e4m3fn") + head)   # the head's second byte
 
 
 def test_floor_cost_falls_with_batch_and_the_published_cost_is_its_arithmetic():
@@ -84,6 +85,10 @@ def test_the_step_time_model_prices_active_flops_and_touched_bytes():
     assert kernels["linear"].flops == pytest.approx(2 * (v3.active_params() - 2 * head) * 32)
     assert kernels["linear"].bytes + kernels["lm_head"].bytes == pytest.approx(
         md.weight_bytes_per_gpu(ds, batch_per_gpu=32))
+    # DeepSeek-V3 keeps its output head in bf16 beside FP8 linears: 2 bytes a weight, read once
+    assert kernels["lm_head"].bytes == pytest.approx(2 * head)
+    assert md.weight_bytes_per_gpu(ds, head_dtype=None) == pytest.approx(
+        md.weight_bytes_per_gpu(ds) - head)
     kw = dict(prec="bf16", weight_dtype="bfloat16", expert_bytes=md.GPTOSS_EXPERT_BYTES)
     for layout, batch, options in ((ds, 32, {}), (ds, 128, {}), (oss, 1, kw), (oss, 64, kw)):
         floor = md.decode_floor_usd_per_m(layout, 3.35e12, 2.0, batch, 4096,

@@ -53,8 +53,13 @@ LINK_CLASSES = ("nvlink", "pcie", "network")
 PROTOCOLS = ("LL", "LL128", "Simple")
 MiB = 2**20
 # vLLM on Hopper at commit b250ac3 (engine fact vllm-allreduce-caps-hopper, all_reduce_utils.py):
-# the custom kernel's cap (torch symmetric memory on, the default) and symmetric memory's; NCCL above
-CUSTOM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4}
+# the custom kernel's cap (torch symmetric memory on) and symmetric memory's; NCCL above. The
+# custom kernel's cap is the smaller of the table's and CustomAllreduce's max_size, 8 MiB by
+# default (custom_all_reduce.py at 00d618a, engine fact vllm-custom-allreduce-scope): 8 MiB on 2
+# and 4 GPUs, where the table says 64 and 32.
+CUSTOM_DEFAULT_MAX_BYTES = 8 * MiB
+CUSTOM_MAX_BYTES = {n: min(cap, CUSTOM_DEFAULT_MAX_BYTES)
+                    for n, cap in {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4}.items()}
 SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB}
 ONE_STAGE_MAX_BYTES = {2: math.inf, 4: MiB // 2, 6: MiB // 4, 8: MiB // 4}  # custom_all_reduce.cuh
 CUSTOM_SIZES = tuple(CUSTOM_MAX_BYTES)   # CustomAllreduce._SUPPORTED_WORLD_SIZES

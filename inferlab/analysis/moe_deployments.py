@@ -87,7 +87,8 @@ GPTOSS_DTYPE, GPTOSS_EXPERT_BYTES = "bfloat16", FP4.bytes_per_weight
 
 
 def weight_bytes_per_gpu(layout: EPLayout, dtype="float8_e4m3fn", batch_per_gpu: int | None = None,
-                         expert_bytes: float | None = None) -> float:
+                         expert_bytes: float | None = None,
+                         head_dtype: str | None = "bfloat16") -> float:
     """Weight bytes one GPU reads per decode step.
 
     Everything but the routed experts is replicated; the input embedding is a lookup of one row
@@ -95,6 +96,7 @@ def weight_bytes_per_gpu(layout: EPLayout, dtype="float8_e4m3fn", batch_per_gpu:
     local expert is read; with ``batch_per_gpu``, each local expert is read with the probability
     that the group's batch routes a token to it. ``expert_bytes`` (default: ``dtype``'s) is the
     bytes per routed-expert weight (MXFP4 experts beside bf16 attention, for gpt-oss).
+    ``head_dtype``: the LM head's (bf16 in DeepSeek-V3's reference inference; None: ``dtype``).
     """
     moe = MoEConfig.from_name(layout.model)
     per_element = bytes_per_element(dtype)
@@ -102,7 +104,10 @@ def weight_bytes_per_gpu(layout: EPLayout, dtype="float8_e4m3fn", batch_per_gpu:
     lookup = 0 if moe.tie_embeddings else moe.vocab_size * moe.d_model
     share = 1.0 if batch_per_gpu is None else experts_touched(layout, batch_per_gpu) / moe.n_experts
     local = moe.moe_layers * layout.experts_per_gpu() * share * moe.expert_params
-    return (moe.params(0) - lookup) * per_element + local * expert_bytes
+    head = moe.vocab_size * moe.d_model
+    head_bytes = per_element if head_dtype is None else bytes_per_element(head_dtype)
+    return (moe.params(0) - lookup - head) * per_element + head * head_bytes \
+        + local * expert_bytes
 
 
 def kv_bytes_per_token(layout: EPLayout, dtype="bfloat16", context: int | None = None) -> float:
@@ -219,7 +224,7 @@ def mtp_tokens_per_step() -> tuple[float, float]:
 
 def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, prec="fp8",
           weight_dtype="float8_e4m3fn", kv_dtype="bfloat16", expert_bytes: float | None = None,
-          positions: int = 1):
+          positions: int = 1, head_dtype: str | None = "bfloat16"):
     """One GPU's decode step on the course's one step-time model (``step_time.StepModel``).
 
     Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
@@ -227,8 +232,11 @@ def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, pre
     but read the weights its batch touches (``weight_bytes_per_gpu``), passed to the model's
     ``kernels`` as ``linear_bytes``. Attention is MLA's (``mla.attention_cost``) or grouped-query
     with the window layers reading at most their window. ``positions``: tokens each sequence
-    runs through the model per step (2 with one MTP draft to verify). Returns the model, the
-    step's shape and the linear kernels' bytes."""
+    runs through the model per step (2 with one MTP draft to verify). ``head_dtype``: the LM
+    head's weights and arithmetic (DeepSeek-V3's reference inference keeps its output head in
+    the default dtype, bf16, beside FP8 linears: ``inference/model.py``, ``Transformer``;
+    None: the linears' precision). Returns the model, the step's shape and the linear kernels'
+    bytes."""
     moe, p, spec = MoEConfig.from_name(layout.model), precision(prec), get_device_spec(device)
     head = moe.vocab_size * moe.d_model
     lookup = 0 if moe.tie_embeddings else head
@@ -242,12 +250,15 @@ def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, pre
                               4 * moe.n_layers * moe.n_heads * moe.head_dim)
         held = window.read_bytes(context, bytes_per_element(kv_dtype)) / (moe.n_layers * per_layer)
     tokens = batch_per_gpu * positions
-    read = weight_bytes_per_gpu(layout, weight_dtype, tokens, expert_bytes) \
-        - head * p.bytes_per_weight
+    read = weight_bytes_per_gpu(layout, weight_dtype, tokens, expert_bytes, head_dtype) \
+        - head * (p.bytes_per_weight if head_dtype is None else bytes_per_element(head_dtype))
     attention_peak = None if attention.compute is None else spec.peak_flops(attention.compute)
     model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
                       attention, p, spec.peak_flops(p.compute), spec.bandwidth,
-                      attention_peak_flops=attention_peak)
+                      attention_peak_flops=attention_peak,
+                      head_bytes_per_weight=None if head_dtype is None
+                      else bytes_per_element(head_dtype),
+                      head_peak_flops=None if head_dtype is None else spec.peak_flops(head_dtype))
     shape = Shape.of_rows([(positions, held)]).times(batch_per_gpu)
     return model, shape, read
 

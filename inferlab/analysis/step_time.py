@@ -230,6 +230,8 @@ class StepModel:
     overhead_s: float = 0.0
     efficiency: float = 1.0   # derates peak, bandwidth and link alike
     attention_peak_flops: float | None = None  # attention's own format's peak; None: peak_flops
+    head_bytes_per_weight: float | None = None  # the LM head's own format; None: the precision's
+    head_peak_flops: float | None = None        # and its peak; None: peak_flops
 
     @classmethod
     def for_device(cls, config, device: "DeviceSpec | str", prec: "Precision | str" = "bf16",
@@ -297,7 +299,9 @@ class StepModel:
                        (shape.kv_read + shape.kv_written) * a.kv_bytes_per_token   # only over
                        * self.devices / a.kv_split(self.devices),        # its KV heads
                        self.attention_peak_flops),
-            self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
+            self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params
+                       * (wb if self.head_bytes_per_weight is None else self.head_bytes_per_weight),
+                       self.head_peak_flops),
         ]
         if self.devices > 1:
             out.append(self._collectives(shape.tokens, shape.rows))
