@@ -79,6 +79,31 @@ def setup(link: str = LINK, gpus: int | None = None) -> dict:
                    link_bandwidths()[link], token_budget=TOKEN_BUDGET)
 
 
+def model() -> ModelConfig:
+    return ModelConfig.from_name(MODEL)
+
+
+def handoff(n: int = 6, prompt: int = 3000, output: int = 16, gap_s: float = 2.0,
+            link: str = LINK) -> dict:
+    """Issue 33's case, small enough to count by hand: ``n`` prompts of ``prompt`` tokens,
+    ``gap_s`` apart (so none waits for another), each generating ``output`` tokens on a 1P1D
+    pair of ``DEVICE`` joined by ``link``. Returns every request's first-to-second-token gap
+    beside what it should be (the transfer, then one decode step of a batch of one) and what
+    each instance computed and moved (``inferlab.sim.work.Work.as_dict``)."""
+    from inferlab.serving.request import Request
+
+    pair = setup(link, gpus=2)["1P1D"]
+    requests = [Request((0,) * prompt, output, gap_s * i) for i in range(n)]
+    out = simulate_cluster(requests, pair)
+    move = pair.kv_bytes_per_token * prompt / pair.link_bandwidth
+    step = pair.costs.step_s([], 1, prompt + 1)  # the decode row of token 2, over the cache
+    gaps = [r.timing.token_times_s[1] - r.timing.token_times_s[0] for r in out.run.results]
+    return {"requests": n, "prompt": prompt, "output": output, "link": link,
+            "ttft_s": [r.timing.ttft for r in out.run.results], "gap_s": gaps,
+            "transfer_s": move, "decode_step_s": step,
+            "work": {w.name: w.as_dict() for w in out.instances}}
+
+
 def inputs() -> dict:
     """The table numbers and settings the study used (to tell when the stored one is stale)."""
     config, spec = ModelConfig.from_name(MODEL), get_device_spec(DEVICE)

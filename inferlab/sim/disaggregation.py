@@ -39,14 +39,14 @@ latency.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import Result, Run, StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request, Sequence
-from inferlab.serving.scheduler import Scheduler
 from inferlab.sim.simulator import CostModel, SimRunner
+from inferlab.sim.work import CountingScheduler, Ledger, Work
 
 
 @dataclass(frozen=True)
@@ -109,31 +109,67 @@ class Failure:
 
 @dataclass
 class ClusterRun:
-    """A cluster's run: the requests' ``Run`` and what moved between instances."""
+    """A cluster's run: the requests' ``Run``, what each instance computed and moved
+    (``instances``, one ``inferlab.sim.work.Work`` each, a failed one included), and the
+    failure's toll.
+
+    ``recomputed_tokens`` is what the runners computed beyond each token once (counted row by
+    row); ``forced_recompute`` is what the mechanism says they must recompute: the K/V that
+    preemptions dropped, plus the K/V the failed instance held, less what the failure's resume
+    brought back (the prompt's cache, for a retransfer). The two are equal in a correct run.
+    """
 
     run: Run
     cluster: Cluster
-    transfers: int = 0
-    transfer_bytes: float = 0.0
+    instances: list[Work] = field(default_factory=list)
     transfer_s: float = 0.0        # summed over transfers, queueing on the link excluded
     link_wait_s: float = 0.0       # summed time transfers waited for a busy link
-    recomputed_tokens: int = 0     # tokens whose K/V were computed again after the failure
     lost: tuple = ()               # request indices that were on the failed instance
+    lost_tokens: int = 0           # K/V tokens the failed instance held for them
+    kept_tokens: int = 0           # of theirs, K/V their resume brought back (retransfer)
+
+    @property
+    def transfers(self) -> int:
+        return sum(w.transfers_out for w in self.instances)
+
+    @property
+    def transfer_bytes(self) -> float:
+        return sum(w.bytes_out for w in self.instances)
+
+    @property
+    def tokens_moved(self) -> int:
+        return sum(w.tokens_out for w in self.instances)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(w.recomputed_tokens for w in self.instances)
+
+    @property
+    def forced_recompute(self) -> int:
+        return sum(w.dropped_tokens for w in self.instances) + self.lost_tokens - \
+            self.kept_tokens
+
+    def work(self, role: str) -> list[Work]:
+        """The instances of ``role`` ("prefill", "decode" or "colocated"), failed ones too."""
+        return [w for w in self.instances if w.name.split()[0] == role]
 
     def slo_attainment(self, slo: SLO) -> float:
         return self.run.summary(slo).slo_attainment
 
 
 class _Node:
-    """One instance: its role, its ``StepLoop`` on its own clock, and its outgoing link."""
+    """One instance: its role, its ``StepLoop`` on its own clock, its outgoing link, and the
+    counts of what it computed and moved (``work``, on the cluster's one ``ledger``)."""
 
     def __init__(self, role: str, index: int, config: ServingConfig, costs: CostModel,
-                 start_s: float = 0.0):
+                 ledger: Ledger, start_s: float = 0.0):
         self.role, self.index, self.config, self.costs = role, index, config, costs
         self.clock = VirtualClock()
         self.clock.skip_to(start_s)
-        self.scheduler = Scheduler(config)
-        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None)
+        self.work = Work(f"{role} {index}", ledger=ledger)
+        self.scheduler = CountingScheduler(config, self.work)
+        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None,
+                           work=self.work)
         self.server = StepLoop(self.scheduler, runner, self.clock)
         self.alive, self.link_free_s = True, 0.0
 
@@ -153,11 +189,13 @@ class _Sim:
     def __init__(self, requests: list[Request], cluster: Cluster, failure: Failure | None):
         c = cluster
         self.requests, self.cluster, self.failure = requests, c, failure
-        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs) for i in range(n)]  # noqa
+        self.ledger = Ledger()
+        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs, self.ledger)  # noqa: E731
+                                     for i in range(n)]
         self.front = make("colocated", c.colocated, c.colocated_config) or \
             make("prefill", c.prefill, c.prefill_config)
         self.back = make("decode", c.decode, c.decode_config)
-        self.retired: list[StepLoop] = []  # servers of failed instances (their stamps count)
+        self.retired: list[_Node] = []  # failed instances (their stamps and work count)
         self.served_by: dict[int, _Node] = {}
         self.final: dict[int, Sequence] = {}
         self.turn = 0
@@ -195,11 +233,12 @@ class _Sim:
         end = start + nbytes / c.link_bandwidth
         src.link_free_s = end
         o = self.out
-        o.transfers, o.transfer_bytes = o.transfers + 1, o.transfer_bytes + nbytes
         o.transfer_s, o.link_wait_s = o.transfer_s + end - start, o.link_wait_s + start - ready_s
         seq = Sequence(i, r.prompt, r.max_new_tokens, r.arrival_s, output=list(output),
                        num_computed=computed)
-        self.pick(self.back, ready_s).server.submit(seq, end)
+        dest = self.pick(self.back, ready_s)
+        src.work.send(dest.work, tokens, nbytes)
+        dest.server.submit(seq, end)
         self.served_by[i] = src
 
     def finished(self, node: _Node, seq: Sequence) -> None:
@@ -215,23 +254,25 @@ class _Sim:
         t = max(f.at_s, node.clock.now())
         lost = node.scheduler.running + node.scheduler.waiting + node.server.pending
         node.alive = False
-        self.retired.append(node.server)
-        self.out.lost = tuple(sorted(s.seq_id for s in lost))
+        node.work.name += " (failed)"
+        self.retired.append(node)
+        o = self.out
+        o.lost = tuple(sorted(s.seq_id for s in lost))
         for seq in lost:
             i, r = seq.seq_id, self.requests[seq.seq_id]
-            if f.mode == "recompute":
+            o.lost_tokens += seq.num_computed  # the K/V it held there (0 if it was preempted)
+            if f.mode == "recompute":  # a prefill instance computes it all again
                 self.submit_front(i, seq.output, t)
-                self.out.recomputed_tokens += len(r.prompt) + len(seq.output)
-            else:
+            else:  # the prompt's cache, kept on the prefill side, is sent again
+                o.kept_tokens += len(r.prompt)
                 self.transfer(self.served_by[i], i, len(r.prompt), t, seq.output,
                               len(r.prompt))
-                self.out.recomputed_tokens += len(seq.output)
         self.revive_at = t + f.down_s
 
     def revive(self) -> None:
         f, t = self.failure, self.revive_at
         self.back[f.instance] = _Node("decode", f.instance, self.cluster.decode_config,
-                                      self.cluster.costs, t)
+                                      self.cluster.costs, self.ledger, t)
         self.revive_at = None
         parked, self.parked = self.parked, []
         for src, i, tokens, ready_s, output, computed in parked:
@@ -269,9 +310,11 @@ class _Sim:
 
     def collect(self) -> ClusterRun:
         stamps: dict[int, list[float]] = {}
-        for server in self.retired + [n.server for n in self.front + self.back]:
-            for i, times in server.stamps.items():
+        nodes = self.front + self.back + self.retired
+        for node in nodes:
+            for i, times in node.server.stamps.items():
                 stamps.setdefault(i, []).extend(times)
+        self.out.instances = [n.work for n in nodes]
         results = []
         for i, r in enumerate(self.requests):
             seq = self.final[i]
