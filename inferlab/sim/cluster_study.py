@@ -47,6 +47,7 @@ from inferlab.analysis.step_time import StepModel
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.metrics import SLO, largest_gap
+from inferlab.serving.request import longest_tokens
 from inferlab.sim.disaggregation import Failure, clustered, designs, simulate_cluster
 from inferlab.sim.goodput import cluster_goodput
 from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
@@ -60,6 +61,7 @@ KINDS = ("chat", "document", "short")
 SLOS = {"chat": SLO(ttft_s=0.25, tpot_s=0.025), "document": SLO(ttft_s=1.0, tpot_s=0.025),
         "short": SLO(ttft_s=0.25, tpot_s=0.025)}
 TOKEN_BUDGET = 256
+ENGINE_BUDGET = 2048   # vLLM's default max_num_batched_tokens for its API server on an A100
 START = {"chat": 24.0, "document": 3.0, "short": 120.0}   # first rate tried (req/s, 4 GPUs)
 # The search: capacity is decided by SLO attainment, which settles well before a p99 latency
 # does near saturation, so the p99 may move by 20% between lengths (as in Chapter 8's costs).
@@ -76,7 +78,8 @@ def setup(link: str = LINK, gpus: int | None = None) -> dict:
     """The designs on ``gpus`` (default ``GPUS``) GPUs joined by ``link``
     (``inferlab.sim.disaggregation.designs``)."""
     return designs(ModelConfig.from_name(MODEL), get_device_spec(DEVICE), gpus or GPUS,
-                   link_bandwidths()[link], token_budget=TOKEN_BUDGET)
+                   link_bandwidths()[link], token_budget=TOKEN_BUDGET,
+                   more_budgets=(ENGINE_BUDGET,))
 
 
 def model() -> ModelConfig:
@@ -108,7 +111,8 @@ def inputs() -> dict:
     """The table numbers and settings the study used (to tell when the stored one is stale)."""
     config, spec = ModelConfig.from_name(MODEL), get_device_spec(DEVICE)
     return {"model": MODEL, "device": DEVICE, "gpus": GPUS, "link": LINK,
-            "token_budget": TOKEN_BUDGET, "start": START, "low_rate": LOW_RATE,
+            "token_budget": TOKEN_BUDGET, "engine_budget": ENGINE_BUDGET, "start": START,
+            "low_rate": LOW_RATE,
             "failure": FAILURE, "links": link_bandwidths(),
             "search": {**SEARCH, "criterion": asdict(SEARCH["criterion"])},
             "slos": {k: {"ttft_s": v.ttft_s, "tpot_s": v.tpot_s} for k, v in SLOS.items()},
@@ -118,13 +122,35 @@ def inputs() -> dict:
             "step_model": asdict(StepModel.for_device(config, spec))}
 
 
+def counts(out, requests) -> dict:
+    """What a cluster run computed and moved, per instance (``inferlab.sim.work.Work``), beside
+    what the mechanism says it must: each request's ``P + O - 1`` tokens once
+    (``baseline_tokens``), plus the recomputes its preemptions and failure forced."""
+    return {"requests": len(requests),
+            "baseline_tokens": sum(longest_tokens(len(r.prompt), r.max_new_tokens)
+                                   for r in requests),
+            "recomputed_tokens": out.recomputed_tokens, "forced_recompute": out.forced_recompute,
+            "tokens_moved": out.tokens_moved, "transfer_bytes": out.transfer_bytes,
+            "instances": [w.as_dict() for w in out.instances]}
+
+
+def counted(kind: str, cluster, state) -> dict:
+    """``counts`` of the run behind a steady state's reported window (its longest trace)."""
+    w = state.window
+    requests = workload(kind).requests(w.n_requests, state.rate)
+    return counts(simulate_cluster(requests, cluster), requests)
+
+
 def _goodput(task: tuple) -> dict:
-    """One search: (kind, design, link, start) -> a row of the record."""
+    """One search: (kind, design, link, start) -> a row of the record, with the counts of the
+    run at the answer."""
     kind, name, link, start = task
     t0 = time.process_time()
-    g = cluster_goodput(workload(kind), setup(link)[name], SLOS[kind], start, **SEARCH)
+    cluster = setup(link)[name]
+    g = cluster_goodput(workload(kind), cluster, SLOS[kind], start, **SEARCH)
+    work = None if g.capacity.state is None else counted(kind, cluster, g.capacity.state)
     return {"kind": kind, "design": name, "link": link, "gpus": g.gpus, "rate": g.rate,
-            "per_gpu": g.per_gpu, "capacity": capacity_to_dict(g.capacity),
+            "per_gpu": g.per_gpu, "capacity": capacity_to_dict(g.capacity), "work": work,
             "cpu_s": time.process_time() - t0}
 
 
@@ -135,7 +161,8 @@ def low_load(rate: float = LOW_RATE) -> dict:
                           ("1P1D", setup(gpus=2)["1P1D"])):
         state = steady_state(workload("chat"), rate, clustered(cluster), SLOS["chat"],
                              **{k: v for k, v in SEARCH.items() if k != "rtol"})
-        out[name] = {"gpus": cluster.gpus, "state": state_to_dict(state)}
+        out[name] = {"gpus": cluster.gpus, "state": state_to_dict(state),
+                     "work": counted("chat", cluster, state)}
     return out
 
 
@@ -158,8 +185,10 @@ def failure(split: str, rate: float) -> dict:
         out[mode] = {"attainment": r.run.summary(SLOS["chat"]).slo_attainment,
                      "recomputed_tokens": r.recomputed_tokens,
                      "transfer_bytes": r.transfer_bytes,
+                     "lost_tokens": r.lost_tokens, "kept_tokens": r.kept_tokens,
                      "lost_latency_mean_s": sum(t.latency for t in timings) / len(timings),
-                     "lost_largest_gap_mean_s": sum(gaps) / max(1, len(gaps))}
+                     "lost_largest_gap_mean_s": sum(gaps) / max(1, len(gaps)),
+                     "work": counts(r, requests)}
     return out
 
 

@@ -20,20 +20,32 @@ clock, and one loop steps them on a common timeline, always the instance that ca
   (``router="round_robin"`` ignores the load).
 - KV transfer. ``kv_bytes_per_token`` (``inferlab.analysis.formulas.kv_bytes_per_token``) times
   the tokens computed, over the prefill instance's link at ``link_bandwidth`` bytes/s (a row of
-  ``data/links.csv``), one transfer after another. The request joins the decode instance's
-  queue when its transfer ends and waits there for memory like any arrival.
+  ``data/links.csv``), one transfer after another, the whole cache once the prefill is done (as
+  vLLM's NIXL connector does by default: the decode instance reads the blocks after the prefill
+  returns; Splitwise instead streams each layer's share while the next layer computes). The
+  request joins the decode instance's queue when its transfer ends, with ``num_computed`` set to
+  the tokens it brings, and waits there for memory like any arrival; admission keeps them
+  (``inferlab.serving.scheduler.Scheduler.admit``), so the decode instance computes only the
+  output rows.
 - Failure. ``Failure`` kills a decode instance at its first step boundary at or after ``at_s``,
   with everything on it. Each of its requests keeps the tokens already streamed and resumes by
   ``recompute`` (a prefill instance recomputes prompt and generated tokens, then the cache is
   sent again) or ``retransfer`` (the prefill side kept the prompt's cache, as Mooncake's store
   does: it is sent again, and the decode instance recomputes only the generated tokens).
 
+- Counts. Every instance counts what its runner computed and what crossed its link
+  (``inferlab.sim.work``); ``ClusterRun.instances`` holds them, failed instances included, and
+  ``recomputed_tokens`` is what the runners computed beyond each token once, never a number
+  added by hand.
+
 ``clustered`` hands a cluster to the steady-state machinery (``inferlab.sim.steady_state``), and
 ``inferlab.sim.goodput`` finds the highest arrival rate it serves within an SLO (DistServe's
 goodput); divided by the cluster's GPUs it compares designs at equal cost.
 Simplifications: one GPU per instance, no tensor or pipeline parallelism; a prefill instance
-frees a request's blocks when it finishes, not when its transfer ends; transfers have no fixed
-latency.
+frees a request's blocks when it finishes, not when its transfer ends (vLLM's prefill instance
+holds them until the decode instance has read them); a transfer costs its bytes over the link
+and nothing more: no fixed per-transfer latency (no published figure for NIXL's or Mooncake's
+transfer engines was found to put here) and no hop through a router.
 """
 
 from __future__ import annotations
@@ -341,11 +353,13 @@ def clustered(cluster: Cluster):
 
 def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int = 128,
             token_budget: int = 512, prefill_budget: int = 8192, decode_budget: int = 256,
-            dtype: str = "bfloat16", efficiency: float = 1.0) -> dict[str, Cluster]:
+            dtype: str = "bfloat16", efficiency: float = 1.0,
+            more_budgets: tuple[int, ...] = ()) -> dict[str, Cluster]:
     """The designs Chapter 7 compares on ``gpus`` GPUs of ``spec`` (a ``DeviceSpec``) serving
-    ``model_config``, at the roofline (``inferlab.analysis.step_time.StepModel``) derated by ``efficiency``:
-    "colocated" (Chapter 4's engine), "chunked" (a token budget of ``token_budget``) and every
-    split "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
+    ``model_config``, at the roofline (``inferlab.analysis.step_time.StepModel``) derated by
+    ``efficiency``: "colocated" (Chapter 4's engine), "chunked" (a token budget of
+    ``token_budget``), "chunked B" for each budget B of ``more_budgets``, and every split
+    "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
 
     Every instance holds the KV blocks that fit beside the weights
     (``inferlab.analysis.capacity.kv_blocks_for_device``) and batches up to ``max_batch``
@@ -361,6 +375,9 @@ def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int
     out = {"colocated": Cluster(costs, colocated=gpus, colocated_config=base),
            "chunked": Cluster(costs, colocated=gpus, colocated_config=base.replace(
                policy="chunked", token_budget=token_budget))}
+    for b in more_budgets:
+        out[f"chunked {b}"] = Cluster(costs, colocated=gpus, colocated_config=base.replace(
+            policy="chunked", token_budget=b))
     for p in range(1, gpus):
         out[f"{p}P{gpus - p}D"] = Cluster(
             costs, prefill=p, decode=gpus - p,
