@@ -181,6 +181,11 @@ def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
     row = study._goodput(("document", "1P1D", study.LINK, 4.0))
     assert row["gpus"] == 2 and row["rate"] > 0
     assert row["capacity"]["state"]["status"] == "stable"
+    work = row["work"]  # the run at the answer, counted: each stored token computed once
+    assert work["requests"] == row["capacity"]["state"]["history"][-1]["n_requests"]
+    assert sum(w["prompt_tokens"] + w["decode_rows"] - w["recomputed_tokens"]
+               for w in work["instances"]) == work["baseline_tokens"] == work["requests"] * 219
+    assert work["tokens_moved"] == work["requests"] * 200 and work["recomputed_tokens"] == 0
     f = study.failure("1P1D", 0.5 * row["rate"])
     assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer"}
 
