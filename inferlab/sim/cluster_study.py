@@ -126,7 +126,8 @@ def counts(out, requests) -> dict:
     """What a cluster run computed and moved, per instance (``inferlab.sim.work.Work``), beside
     what the mechanism says it must: each request's ``P + O - 1`` tokens once
     (``baseline_tokens``), plus the recomputes its preemptions and failure forced."""
-    return {"requests": len(requests),
+    stamps = [t for r in out.run.results for t in r.timing.token_times_s]
+    return {"requests": len(requests), "span_s": max(stamps) - min(r.arrival_s for r in requests),
             "baseline_tokens": sum(longest_tokens(len(r.prompt), r.max_new_tokens)
                                    for r in requests),
             "recomputed_tokens": out.recomputed_tokens, "forced_recompute": out.forced_recompute,

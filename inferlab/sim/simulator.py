@@ -242,7 +242,6 @@ class SimRunner(Runner):
         self.work = Work() if work is None else work
 
     def forward(self, rows: list[tuple[Sequence, int]]) -> list[int]:
-        self.work.record(rows)
         decode = [s.is_decode_row(n) for s, n in rows]
         context = sum(s.table.num_tokens for (s, _), d in zip(rows, decode) if d)
         if self.chunked:
@@ -252,6 +251,7 @@ class SimRunner(Runner):
             seconds = self.costs.decode_s(len(rows), context)
         else:
             seconds = self.costs.prefill_s(rows[0][0].num_tokens)
+        self.work.record(rows, seconds)
         self.clock.advance(seconds)
         return [0] * len(rows)
 

@@ -62,6 +62,7 @@ class Work:
 
     name: str = ""
     forwards: int = 0
+    busy_s: float = 0.0         # seconds its forwards were charged (its GPU's busy time)
     prompt_tokens: int = 0
     decode_rows: int = 0
     padding_rows: int = 0       # a static batch's finished members, computed and dropped
@@ -87,9 +88,11 @@ class Work:
         """Tokens whose K/V this instance computed before anyone else did."""
         return self.computed_tokens - self.recomputed_tokens
 
-    def record(self, rows: list[tuple[Sequence, int]]) -> None:
-        """Count one forward pass over ``rows`` (sequence, new tokens), as the runner runs it."""
+    def record(self, rows: list[tuple[Sequence, int]], seconds: float = 0.0) -> None:
+        """Count one forward pass over ``rows`` (sequence, new tokens), as the runner runs it,
+        charged ``seconds``."""
         self.forwards += 1
+        self.busy_s += seconds
         high = self.ledger.high
         for seq, n in rows:
             if seq.is_done:  # a padding row: a finished member of a static batch
@@ -113,7 +116,7 @@ class Work:
 
     def as_dict(self) -> dict:
         """The counts (for a stored record)."""
-        keys = ("name", "forwards", "prompt_tokens", "decode_rows", "padding_rows",
+        keys = ("name", "forwards", "busy_s", "prompt_tokens", "decode_rows", "padding_rows",
                 "recomputed_tokens", "skipped_tokens", "preemptions", "dropped_tokens",
                 "transfers_out", "tokens_out", "bytes_out", "transfers_in", "tokens_in",
                 "bytes_in")
