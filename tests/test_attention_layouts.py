@@ -51,3 +51,18 @@ def test_sparse_attention_stores_every_token_but_reads_topk_latents():
 def test_layer_counts_must_add_up():
     with pytest.raises(ValueError, match="layers"):
         AttentionLayout("bad", n_layers=4, full_layers=2, window_layers=1)
+
+
+def test_the_engines_fp8_record_of_deepseek_v32_is_656_plus_132_bytes():
+    """FlashMLA's "FP8 with scale" token (README: 512 FP8 values, 4 float32 scales, 64 bf16
+    rotary values = 656 bytes) plus the indexer key in FP8 with one float32 scale (132 bytes):
+    788 bytes per token and layer where bf16 takes (576 + 128) x 2 = 1,408, about 1.8 times more."""
+    L = AttentionLayout.from_name("deepseek-v3.2")
+    assert (L.latent_dim, L.latent_rope_dim, L.index_dim) == (576, 64, 128)
+    assert L.fp8_token_bytes() == 656 + 132 == 788
+    bf16 = L.stored_bytes(1000)
+    assert bf16 == 1000 * L.n_layers * 1408
+    assert L.stored_bytes_fp8(1000) == 1000 * L.n_layers * 788
+    assert bf16 / L.stored_bytes_fp8(1000) == pytest.approx(1.79, abs=0.01)
+    with pytest.raises(ValueError, match="latent"):
+        AttentionLayout.from_name("llama-3-8b").fp8_token_bytes()

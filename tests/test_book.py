@@ -1,15 +1,22 @@
 """The book builds with Sphinx's warnings as errors and nitpicky references (-W -n), and the
 build is what executes the solved labs.
 
-The build is the README's command with ``--all``, so every page is re-read and re-reports its
-warnings; notebook execution is cached by jupyter-cache, so an unchanged page is not re-run. The
-build executes every solved notebook (``solutions/``) with errors not allowed, and each one
-asserts its own results, so a solved lab is executed once, there, not a second time under
-nbval: the test below asks the build's cache for a successful execution of each solved notebook
+CI's first command (README's quick start) has just built the book with ``-W -n``. The build
+leaves a record (``book/_ext/build_record.py``): its warning count, its flags, whether it read
+every page, and a digest of the files it read. When that record says a full ``-W -n`` build of
+exactly these sources ended without a warning, the tests below check that build's output instead
+of building the book a second time; otherwise (no build yet, an edited page, an incremental
+build, warnings) they run the README's command with ``--all``, so every page is re-read and
+re-reports its warnings. Notebook execution is cached by jupyter-cache either way, so an
+unchanged page is not re-run. The build executes every solved notebook (``solutions/``) with
+errors not allowed, and each one asserts its own results, so a solved lab is executed once,
+there: the test below asks the build's cache for a successful execution of each solved notebook
 exactly as it is now (jupyter-cache stores a notebook only when it ran without an error, keyed by
-its code). The student labs (``labs/``), which the site shows unexecuted, run under nbval.
+its code). The student labs (``labs/``), which the site shows unexecuted, run in the learner's
+install (tests/test_learner_setup.py).
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -24,12 +31,54 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
 
 
+def _build_record():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        import build_record
+    finally:
+        sys.path.pop(0)
+    return build_record
+
+
 @pytest.fixture(scope="module")
 def build(root: Path):
+    """The finished build to check: the one already in _build when its record allows (see the
+    module's docstring), else a new one with --all."""
+    if _build_record().reusable(root):
+        return subprocess.CompletedProcess(["(the build already in _build)"], 0, "", "")
     jb = Path(sys.executable).with_name("jupyter-book")
     cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(root), "-W", "-n",
            "--keep-going", "--all"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+
+
+def test_the_build_leaves_a_record_that_allows_no_stale_or_unclean_reuse(root: Path, build,
+                                                                         tmp_path):
+    assert build.returncode == 0, "the book did not build"
+    assert _build_record().reusable(root), "the build just checked left no reusable record"
+    rec = _build_record()
+    site = tmp_path / "book_root"
+    for name in ("_config.yml", "_toc.yml", "book/intro.md", "solutions/01.ipynb",
+                 "data/engine_facts.csv", "inferlab/x.py"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(name)
+    clean = {"warnings": 0, "read_all": True, "warningiserror": True, "nitpicky": True,
+             "sources": rec.sources_digest(site)}
+
+    def record(**change):
+        (site / rec.RECORD).parent.mkdir(exist_ok=True)
+        (site / rec.RECORD).write_text(json.dumps(clean | change))
+        return rec.reusable(site)
+    assert record() is not None
+    assert record(warnings=1) is None and record(warnings=None) is None
+    assert record(read_all=False) is None  # an incremental build re-reports no old warning
+    assert record(warningiserror=False) is None and record(nitpicky=False) is None
+    (site / "inferlab" / "x.py").write_text("changed")  # code: the cache decides, not Sphinx
+    assert record() is not None
+    for name in ("book/intro.md", "solutions/01.ipynb", "data/engine_facts.csv", "_toc.yml"):
+        (site / name).write_text("edited")
+        assert record() is None, f"an edit of {name} left the record reusable"
+        clean["sources"] = rec.sources_digest(site)
 
 
 def test_book_builds_without_warnings(root: Path, build):

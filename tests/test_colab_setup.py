@@ -6,7 +6,9 @@ Python has inferlab installed in editable mode, which such a venv would see, and
 would then skip the install it is meant to test). Into it go first the packages Colab ships
 preinstalled (torch, NumPy, matplotlib), from the pip configuration of this machine (torch's
 CPU wheel lies in /opt/wheels; nothing is downloaded when the configured indexes are local).
-Then the setup cell of every lab runs, as extracted from the notebook, with the repository's URL
+That environment is made once per session and shared with the learner's install test, which
+runs after this one (tests/fresh_env.py); this test leaves it without inferlab. Then the setup
+cell of every lab runs, as extracted from the notebook, with the repository's URL
 replaced by this checkout's path; then the test imports the package from the venv and reads its
 data. The wheel pip built from pyproject.toml must carry the data tables (hatchling's
 force-include of data/ as inferlab/data).
@@ -18,10 +20,7 @@ preinstalled (listed in COLAB_PREINSTALLED below).
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import nbformat
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from fresh_env import shared_venv
 from inferlab.course import labgen
 from inferlab.model.config import ModelConfig
 
@@ -46,7 +46,6 @@ COLAB_PREINSTALLED = {
     "ipywidgets": ["7.7.1"],
     "tokenizers": ["0.20.3", "0.21.1"],
 }
-PREINSTALL = ["torch==2.13.0", "numpy", "matplotlib"]  # the local stand-ins for Colab's copies
 KEPT = ("torch", "numpy", "matplotlib")
 
 
@@ -63,41 +62,20 @@ def _setup_cells(root: Path) -> dict[str, list[str]]:
     return cells
 
 
-def _offline_pip_env() -> dict[str, str]:
-    """The environment for pip in the venv: this machine's configured local indexes, if every
-    configured index is a local one, replace PyPI, so that the test downloads nothing."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                         text=True).stdout
-    urls = []
-    for line in out.splitlines():
-        if re.match(r"^[\w.:-]*extra-index-url=", line):
-            urls += line.split("=", 1)[1].strip("'\"").split()
-    if urls and all(u.startswith("file:") for u in urls):
-        env["PIP_INDEX_URL"], env["PIP_EXTRA_INDEX_URL"] = urls[0], " ".join(urls[1:])
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return env
+def test_setup_cell_installs_inferlab_in_a_fresh_runtime(root, tmp_path_factory):
+    venv = shared_venv(tmp_path_factory).without_inferlab()
+    try:
+        _setup_cells_install_and_ship_the_data(root, venv)
+    finally:
+        venv.without_inferlab()  # as the learner's test expects to find it
 
 
-def _versions(python: Path, env, cwd) -> dict[str, str]:
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True,
-                         text=True, env=env, cwd=cwd, check=True).stdout
-    return {p["name"].lower(): p["version"] for p in json.loads(out)}
-
-
-def test_setup_cell_installs_inferlab_in_a_fresh_runtime(root, tmp_path):
-    env = _offline_pip_env()
-    venv = tmp_path / "colab"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    run = dict(env=env, cwd=tmp_path, capture_output=True, text=True)
-
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", *PREINSTALL],
-                               timeout=600, **run)
-    assert installed.returncode == 0, installed.stderr[-3000:]
+def _setup_cells_install_and_ship_the_data(root, venv):
+    python, tmp_path = venv.python, venv.folder
+    run = dict(env=venv.env, cwd=tmp_path, capture_output=True, text=True)
     probe = "import importlib.util; print(importlib.util.find_spec('inferlab'))"
     assert subprocess.run([str(python), "-c", probe], **run).stdout.strip() == "None"
-    before = _versions(python, env, tmp_path)
+    before = venv.versions()
 
     url = labgen.repository_url(root)
     for source, notebooks in _setup_cells(root).items():
@@ -108,7 +86,7 @@ def test_setup_cell_installs_inferlab_in_a_fresh_runtime(root, tmp_path):
         assert first.returncode == 0, f"{notebooks}:\n{first.stderr[-3000:]}"
         again = subprocess.run([str(python), str(cell)], timeout=60, **run)  # now a no-op
         assert again.returncode == 0 and "pip" not in again.stderr
-        after = _versions(python, env, tmp_path)
+        after = venv.versions()
         for name in KEPT:
             assert after[name] == before[name], f"installing inferlab replaced {name}"
         assert "inferlab" in after
@@ -129,14 +107,15 @@ print(json.dumps({"package": inferlab.__file__, "table": str(data_path("hardware
 """], timeout=120, **run)
         assert check.returncode == 0, check.stderr[-3000:]
         seen = json.loads(check.stdout)
-        site = str(venv)
+        site = str(python.parent.parent)
         assert seen["package"].startswith(site) and seen["table"].startswith(site), seen
         assert seen["devices"] > 0 and seen["layers"] == 32
         assert seen["course_model"].startswith(site)
         assert seen["course_layers"] == ModelConfig.from_name("course-target").n_layers
 
         # The wheel pip built carried every file of data/ as inferlab/data/.
-        record = next((venv / "lib").glob("python*/site-packages/inferlab-*.dist-info/RECORD"))
+        record = next((python.parent.parent / "lib").glob(
+            "python*/site-packages/inferlab-*.dist-info/RECORD"))
         shipped = {line.split(",")[0] for line in record.read_text().splitlines()}
         wanted = {f"inferlab/data/{p.relative_to(root / 'data').as_posix()}"
                   for p in (root / "data").rglob("*") if p.is_file() and p.suffix in (

@@ -1,11 +1,17 @@
 """The grader (``python -m inferlab.course.grade``) on planted submissions made from Lab 1.
 
 The test writes the submissions itself, from ``labs/01_roofline.ipynb``: all correct (each
-exercise cell replaced by the solution's), one wrong exercise, unattempted (the lab as it is), a
-syntax error, an infinite loop, a crash, and a file that is not JSON. The four that run the whole
-lab go through one grader call, two at a time; the ones that stop early go through a second
-call with a short timeout, which shows that a notebook that hangs or dies does not stop the
-next one. Both calls run the CPU profile (conftest sets INFERLAB_PROFILE=cpu).
+exercise cell replaced by the solution's), unattempted (the lab as it is), one wrong exercise, a
+syntax error, one that calls the reference, an infinite loop, a crash, a file that is not JSON,
+and forgeries. Three grader calls in the CPU profile (conftest sets INFERLAB_PROFILE=cpu):
+
+- the whole lab, correct and unattempted, two at a time, and the file that is not JSON;
+- two at a time, the lab cut down to its imports, exercises, check lines and summary cell
+  (what the grader reads; the probes and figures in between take most of a full run's time):
+  the wrong, the syntax error, the reference-calling and the crashing submissions, and every
+  forgery, under a memory limit; the ones graded after the crash show that it stopped nothing;
+- the endless notebook (cut down too) with a short timeout, then one more, which shows that a
+  notebook that hangs does not stop the next one.
 """
 
 import copy
@@ -47,21 +53,22 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
     correct = copy.deepcopy(lab)
     for i in _exercise_cells(lab):
         correct.cells[i].source = solution.cells[i].source
-    wrong, syntax, loop, crash, uses = (copy.deepcopy(correct) for _ in range(5))
-    i = _cell_of(wrong, WRONG)
-    assert "(m * k + k * n + m * n)" in wrong.cells[i].source
-    wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
-    syntax.cells[i].source = syntax.cells[i].source.replace("return flops / moved", "return flops / (moved")
+    short = _cut_down(solution, summary=True)
+    wrong, syntax, uses, loop, crash = (copy.deepcopy(short) for _ in range(5))
     first = _cell_of(loop, "Exercise 1.1a")
     loop.cells[first].source = loop.cells[first].source.replace(
         "return peak_flops / bandwidth", "while True:\n        pass")
     crash.cells[first].source = crash.cells[first].source.replace(
         "return peak_flops / bandwidth", "import os\n    os._exit(1)")
+    i = _cell_of(wrong, WRONG)
+    assert "(m * k + k * n + m * n)" in wrong.cells[i].source
+    wrong.cells[i].source = wrong.cells[i].source.replace("(m * k + k * n + m * n)", "(m * k + k * n)")
+    syntax.cells[i].source = syntax.cells[i].source.replace("return flops / moved", "return flops / (moved")
     uses.cells[i].source = uses.cells[i].source.replace(
         "return flops / moved", "from inferlab.analysis import formulas\n"
         "    return formulas.matmul_intensity(m, n, k, bytes_per_element)")
-    for nb in (syntax, loop, crash, uses):
-        assert nb.cells != correct.cells
+    for nb in (wrong, syntax, uses, loop, crash):
+        assert nb.cells != short.cells
 
     paths = {}
     for name, nb in [("correct", correct), ("wrong", wrong), ("unattempted", lab),
@@ -89,33 +96,42 @@ def _grade_cli(paths, *options, cwd) -> tuple[int, dict, float]:
 
 
 EXECUTED = {}  # name: the executed notebook the grader saved (what the learner would see)
+WHOLE = ["correct", "unattempted", "notjson"]  # the whole lab
+CUT = ["wrong", "syntax", "uses"]              # the lab cut down, graded with the forgeries
 
 
-@pytest.fixture(scope="module")
-def full_runs(planted, tmp_path_factory):
-    """correct, wrong, unattempted, syntax error, uses the reference and not-JSON in one call,
-    two at a time, each executed notebook saved."""
-    names = ["correct", "wrong", "unattempted", "syntax", "uses", "notjson"]
-    saved = tmp_path_factory.mktemp("executed")
-    code, report, _ = _grade_cli([planted[n] for n in names], "--timeout", "400", "--jobs", "2",
-                                 "--executed-dir", str(saved),
-                                 cwd=tmp_path_factory.mktemp("grading"))
-    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
+def _keep_executed(folder: Path, names: list[str]) -> None:
     for i, name in enumerate(names):
-        path = saved / f"{i + 1:03d}_{name}.ipynb"
+        path = folder / f"{i + 1:03d}_{name}.ipynb"
         if path.is_file():
             EXECUTED[name] = nbformat.read(path, as_version=4)
-    return code, report, dict(zip(names, results))
 
 
 @pytest.fixture(scope="module")
-def short_runs(planted, tmp_path_factory):
-    """The endless and the crashing notebook first, then one more: the last is still graded."""
-    names = ["loop", "crash", "notjson"]
+def full_runs(planted, cut_runs, tmp_path_factory):
+    """correct, unattempted and not-JSON in one call, two at a time, each executed notebook
+    saved; with the wrong, syntax-error and reference-calling ones from the cut-down call."""
+    saved = tmp_path_factory.mktemp("executed")
+    code, report, _ = _grade_cli([planted[n] for n in WHOLE], "--timeout", "400", "--jobs", "2",
+                                 "--executed-dir", str(saved),
+                                 cwd=tmp_path_factory.mktemp("grading"))
+    _keep_executed(saved, WHOLE)
+    results = dict(zip(WHOLE, (outcome.NotebookResult.from_dict(r) for r in report["notebooks"])))
+    results.update({n: cut_runs[n] for n in CUT})
+    names = ["correct", "wrong", "unattempted", "syntax", "uses", "notjson"]
+    return code, report, {n: results[n] for n in names}
+
+
+@pytest.fixture(scope="module")
+def short_runs(planted, cut_runs, tmp_path_factory):
+    """The endless notebook first, then one more: the last is still graded; with the crashing
+    one, graded in the cut-down call (a crash ends at once, so it needs no short budget there,
+    and the forgeries graded after it show that it did not stop them)."""
+    names = ["loop", "notjson"]
     code, report, seconds = _grade_cli([planted[n] for n in names], "--timeout", str(LOOP_TIMEOUT_S),
                                        cwd=tmp_path_factory.mktemp("grading"))
-    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
-    return code, seconds, dict(zip(names, results))
+    results = dict(zip(names, (outcome.NotebookResult.from_dict(r) for r in report["notebooks"])))
+    return code, seconds, {**results, "crash": cut_runs["crash"]}
 
 
 def _by_label(result):
@@ -185,7 +201,7 @@ def test_endless_and_crashing_notebooks_stop_alone(short_runs):
     assert all(e.result == outcome.NOT_RUN for e in loop.exercises) and len(loop.exercises) == 5
     assert crash.run == outcome.KERNEL_DIED and "kernel died" in crash.detail
     assert all(e.result == outcome.NOT_RUN for e in crash.exercises)
-    assert after.run == outcome.UNREADABLE  # graded after the two that never finished
+    assert after.run == outcome.UNREADABLE  # graded after the one that never finished
     assert code == grade.EXIT_NOT_GRADED
 
 
@@ -304,12 +320,15 @@ REFERENCE_CALLS = {
 CHECK_LINE = re.compile(r"^\w+ = check\.\w+\(\w+\)$", re.M)
 
 
-def _cut_down(lab):
+def _cut_down(lab, summary=False):
+    """The lab's imports, exercise cells and check lines (and, with ``summary``, its last code
+    cell, the summary of every check)."""
     nb = copy.deepcopy(lab)
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     keep = []
     for i, cell in enumerate(nb.cells):
-        if i in code[:2] or cell.source.lstrip().startswith("# Exercise"):
+        if i in code[:2] or cell.source.lstrip().startswith("# Exercise") or (
+                summary and i == code[-1]):
             keep.append(cell)
         elif cell.cell_type == "code" and CHECK_LINE.search(cell.source):
             cell.source = "\n".join(CHECK_LINE.findall(cell.source))
@@ -324,7 +343,7 @@ def _after_imports(nb, source):
 
 
 @pytest.fixture(scope="module")
-def forged(root, tmp_path_factory):
+def forged_notebooks(root, tmp_path_factory):
     folder = tmp_path_factory.mktemp("forged")
     lab = _cut_down(nbformat.read(root / "labs" / LAB, as_version=4))
     solution = _cut_down(nbformat.read(root / "solutions" / LAB, as_version=4))
@@ -385,10 +404,25 @@ def forged(root, tmp_path_factory):
     for name, nb in made.items():
         paths[name] = folder / f"{name}.ipynb"
         nbformat.write(nb, paths[name])
-    code, report, _ = _grade_cli(list(paths.values()), "--timeout", "120", "--jobs", "2",
-                                 "--memory-gb", "2.5", cwd=tmp_path_factory.mktemp("grading"))
-    results = [outcome.NotebookResult.from_dict(r) for r in report["notebooks"]]
-    return code, dict(zip(paths, results)), cells
+    return paths, cells
+
+
+@pytest.fixture(scope="module")
+def cut_runs(planted, forged_notebooks, tmp_path_factory):
+    """The cut-down submissions (the crashing one among them) and the forgeries in one call, two
+    at a time, under a memory limit; {name: result}."""
+    paths = {**{n: planted[n] for n in [*CUT, "crash"]}, **forged_notebooks[0]}
+    saved = tmp_path_factory.mktemp("executed-cut")
+    _, report, _ = _grade_cli(list(paths.values()), "--timeout", "300", "--jobs", "2",
+                              "--memory-gb", "2.5", "--executed-dir", str(saved),
+                              cwd=tmp_path_factory.mktemp("grading"))
+    _keep_executed(saved, CUT)
+    return dict(zip(paths, (outcome.NotebookResult.from_dict(r) for r in report["notebooks"])))
+
+
+@pytest.fixture(scope="module")
+def forged(forged_notebooks, cut_runs):
+    return {n: cut_runs[n] for n in forged_notebooks[0]}, forged_notebooks[1]
 
 
 def _flags(result, kind):
@@ -396,28 +430,28 @@ def _flags(result, kind):
 
 
 def test_a_printed_pass_for_a_label_the_lab_lacks_is_unknown(forged):
-    code, results, cells = forged
+    results, cells = forged
     r = results["unknown_label"]
     assert r.run == outcome.COMPLETED
     assert [e.exercise for e in r.exercises] == list(LABELS.values())  # no "1.1" row
     assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
     [flag] = _flags(r, "unknown label")
     assert flag["cell"] == cells["unknown_label"] and "Exercise 1.1," in flag["message"]
-    assert code != grade.EXIT_ALL_PASSED
+    assert grade.exit_status([r]) != grade.EXIT_ALL_PASSED
 
 
 def test_rebinding_the_check_functions_passes_nothing_and_is_flagged(forged):
-    r = forged[1]["rebound_checks"]
+    r = forged[0]["rebound_checks"]
     assert r.count(outcome.PASSED) == 0
     assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
     [flag] = _flags(r, "rebinds checks")  # one finding: the passes it printed are said in it
-    assert flag["cell"] == forged[2]["rebound_checks"] and "check.ridge_point" in flag["message"]
+    assert flag["cell"] == forged[1]["rebound_checks"] and "check.ridge_point" in flag["message"]
     assert "the notebook printed [PASS] for Exercise 1.1a" in flag["message"]
     assert not _flags(r, "contradicted pass")
 
 
 def test_deleted_check_cells_and_printed_tags_pass_nothing(forged):
-    r = forged[1]["printed_tags"]
+    r = forged[0]["printed_tags"]
     assert r.count(outcome.PASSED) == 0
     assert all(e.result == outcome.NOT_ATTEMPTED for e in r.exercises), r.exercises
     [flag] = _flags(r, "contradicted pass")
@@ -425,7 +459,7 @@ def test_deleted_check_cells_and_printed_tags_pass_nothing(forged):
 
 
 def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
-    r = forged[1]["returns_reference"]
+    r = forged[0]["returns_reference"]
     assert all(e.result == outcome.FLAGGED for e in r.exercises), r.exercises
     assert all("calls inferlab's reference implementation" in e.message for e in r.exercises)
     assert all(re.search(r"\(cell \d+, line \d+, in \w+\)$", e.message) for e in r.exercises)
@@ -433,25 +467,25 @@ def test_exercises_that_return_the_reference_are_flagged_not_passed(forged):
 
 
 def test_an_exercise_that_is_the_reference_is_flagged(forged):
-    r = forged[1]["is_reference"]
+    r = forged[0]["is_reference"]
     ex = _by_label(r)
     assert ex["1.2"].result == outcome.FLAGGED and "is inferlab's reference" in ex["1.2"].message
-    assert f"(cell {forged[2]['is_reference']})" in ex["1.2"].message
+    assert f"(cell {forged[1]['is_reference']})" in ex["1.2"].message
     assert _flags(r, "uses reference") == []
     assert {k for k, e in ex.items() if e.result == outcome.PASSED} == {"1.1a", "1.1b", "1.3", "1.4"}
 
 
 def test_a_patched_oracle_fails_the_wrong_answer_and_flags_the_rest(forged):
-    r = forged[1]["patched_oracle"]
+    r = forged[0]["patched_oracle"]
     ex = _by_label(r)
     assert ex["1.2"].result == outcome.FLAGGED, ex["1.2"]
     assert all(e.result == outcome.FLAGGED for e in r.exercises)  # no verdict can be trusted
     [flag] = _flags(r, "patches inferlab")
-    assert flag["cell"] == forged[2]["patched_oracle"]
+    assert flag["cell"] == forged[1]["patched_oracle"]
     assert "inferlab.analysis.formulas.matmul_intensity" in flag["message"]
 
 
 def test_each_notebook_runs_alone_in_a_fresh_directory_under_a_memory_limit(forged):
-    r = forged[1]["probe"]
+    r = forged[0]["probe"]
     assert r.run == outcome.COMPLETED and r.exercises == [] and r.lab is None
     assert [e["ename"] for e in r.cell_errors] == ["MemoryError"], r.cell_errors

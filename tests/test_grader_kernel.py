@@ -1,28 +1,34 @@
-"""The grader's notebook client keeps the kernel's shell socket awake while a cell runs
-(``inferlab.course.runner._nudging_client``: ipykernel 7 can leave a request unread until
-another message arrives, ipython/ipykernel issue 1554), and the nudges change nothing a cell
-computes."""
+"""The grader's notebook client reads every kernel message even when its event loop is never told
+that one arrived (``inferlab.course.runner._sliced_client``): each wait is a series of short
+polls that end by asking the socket itself, so a wake-up ZeroMQ does not repeat (one missed
+while a reply sat unread) costs a slice, not the cell's whole budget."""
+
+import asyncio
 
 import nbformat
 
 from inferlab.course import runner
 
 
-def test_a_running_cell_gets_kernel_info_nudges_and_its_outputs_stay_its_own(monkeypatch):
-    monkeypatch.setattr(runner, "NUDGE_S", 0.2)
+def test_replies_and_outputs_are_read_with_no_wake_up_from_the_sockets(monkeypatch):
+    monkeypatch.setattr(runner, "WAIT_SLICE_S", 0.2)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import time\ntime.sleep(2.0)\nprint('slept')"),
-                nbformat.v4.new_code_cell("print(6 * 7)")]
-    client = runner._nudging_client()(nb, kernel_name="python3", timeout=60)
-    sent = []
-    with client.setup_kernel():
-        real = client.kc.kernel_info
+    nb.cells = [nbformat.v4.new_code_cell("print('one')"),
+                nbformat.v4.new_code_cell("import sys\nprint(6 * 7, file=sys.stderr)"),
+                nbformat.v4.new_code_cell("21 * 2")]
+    deafened = []
 
-        def counted():
-            sent.append(real())
-            return sent[-1]
-        client.kc.kernel_info = counted
-        for i, cell in enumerate(nb.cells):
-            client.execute_cell(cell, i)
-    assert len(sent) >= 3  # about ten in the two seconds the first cell sleeps
-    assert [c.outputs[0]["text"] for c in nb.cells] == ["slept\n", "42\n"]
+    async def deafen(cell, cell_index):
+        """Before each cell, the event loop stops watching the shell and iopub sockets: from
+        here on no arrival wakes a wait, as if every wake-up were missed."""
+        loop = asyncio.get_running_loop()
+        for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+            deafened.append(loop.remove_reader(channel.socket.FD))
+
+    client = runner._sliced_client()(nb, kernel_name="python3", timeout=60,
+                                     iopub_timeout=30, on_cell_start=deafen)
+    client.execute()
+    assert deafened[:2] == [True, True]  # the loop was watching both, and no longer did
+    assert [c.outputs[0].get("text") for c in nb.cells[:2]] == ["one\n", "42\n"]
+    assert nb.cells[2].outputs[0]["data"]["text/plain"] == "42"
+    assert [c.execution_count for c in nb.cells] == [1, 2, 3]

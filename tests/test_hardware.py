@@ -32,6 +32,20 @@ def test_table_matches_facts(name, bandwidth_gbs, tflops):
         assert spec.peak_flops("bfloat16") == pytest.approx(tflops * 1e12)
 
 
+def test_int8_peaks_are_the_dense_datasheet_figures():
+    """INT8 tensor cores (data/hardware_int8.csv): Ampere's only 8-bit arithmetic, 624 dense TOPS
+    on an A100 (as many OPs as its FP16 FLOPs, twice); Hopper's INT8 rate equals its FP8 rate.
+    A row without a sourced figure has no INT8 peak, rather than a guess."""
+    for name in ("A100 40GB SXM", "A100 80GB SXM"):
+        spec = get_device_spec(name)
+        assert spec.peak_flops("int8") == pytest.approx(624e12) == 2 * spec.peak_flops("bfloat16")
+        assert spec.peak_flops("fp8") is None                 # Ampere has no FP8 tensor cores
+    for name in ("H100 SXM", "H200 SXM"):
+        spec = get_device_spec(name)
+        assert spec.peak_flops("int8") == pytest.approx(1979e12) == spec.peak_flops("fp8")
+    assert get_device_spec("L4").peak_flops("int8") is None
+
+
 @pytest.mark.parametrize("torch_name, row", [
     ("Tesla T4", "T4"), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM"),
     ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
@@ -162,7 +176,8 @@ def test_capacity_counts_use_the_usable_memory():
     from inferlab.analysis import formulas
     from inferlab.analysis.capacity import capacity
     from inferlab.model.config import ModelConfig
-    c = capacity("llama-2-70b", "H200 SXM", context=4096, activation_reserve=0)
+    c = capacity("llama-2-70b", "H200 SXM", context=4096, activation_reserve=0,
+                 memory_utilization=1.0)
     assert c.device_memory == 143071 * MIB
     assert c.kv_budget / 1e9 == pytest.approx(12.07, abs=0.01)
     assert c.max_requests == 8

@@ -178,7 +178,7 @@ def test_opt13b_paged_attention_table1_example():
 
 
 def test_capacity_from_the_tables():
-    result = capacity("llama-2-13b", "A100 40GB SXM", 2048)
+    result = capacity("llama-2-13b", "A100 40GB SXM", 2048, memory_utilization=1.0)
     # the memory nvidia-smi reports for an A100 40GB (40,960 MiB; its driver's reserve is not in
     # the table), not the datasheet's 40 read as decimal GB: the budget is about 14.9 GB, not
     # the 12 GB that a decimal reading (the vLLM paper's Figure 1 split) leaves
@@ -194,6 +194,23 @@ def test_capacity_from_the_tables():
     assert too_big.max_requests == 0 and too_big.token_slots == 0 and "no room" in str(too_big)
     with pytest.raises(ValueError, match="no memory size"):
         capacity("llama-2-7b", "Apple M4", 2048)
+
+
+def test_capacity_sizes_the_cache_from_the_engines_share_of_memory():
+    """vLLM takes gpu_memory_utilization x the device's memory (0.92 by default) and gives the
+    cache what is left of that share after the weights and the activation peak: the untouched
+    8% comes off the cache, not the weights, so the cache shrinks by more than 8%."""
+    from inferlab.analysis.capacity import VLLM_GPU_MEMORY_UTILIZATION
+    assert VLLM_GPU_MEMORY_UTILIZATION == 0.92
+    full = capacity("llama-3-8b", "H100 SXM", 8192, memory_utilization=1.0)
+    engine = capacity("llama-3-8b", "H100 SXM", 8192)
+    assert engine.memory_utilization == 0.92 and engine.usable_memory == 0.92 * full.device_memory
+    assert engine.kv_budget == pytest.approx(full.kv_budget - 0.08 * full.device_memory)
+    assert engine.max_requests == engine.token_slots // 8192 < full.max_requests
+    assert 1 - engine.kv_budget / full.kv_budget > 0.08           # the share falls on the cache
+    assert "92% of" in str(engine)
+    with pytest.raises(ValueError, match="memory_utilization"):
+        capacity("llama-3-8b", "H100 SXM", 8192, memory_utilization=1.5)
 
 
 def test_capacity_scales_with_kv_heads_and_context():
@@ -334,6 +351,6 @@ def test_capacity_takes_a_one_byte_cache_by_name_or_by_bytes():
     assert by_name.kv_bytes_per_token * 2 == half.kv_bytes_per_token
     assert by_name.kv_dtype == "float8_e4m3fn" and by_bytes.kv_dtype == "1-byte"
     assert by_name.max_requests == formulas.max_concurrent_requests(
-        ModelConfig.from_name("llama-3-8b"), half.device_memory, 4096, 1,
+        ModelConfig.from_name("llama-3-8b"), half.usable_memory, 4096, 1,
         half.activation_reserve, weights=half.weights)
     assert half.max_requests < by_name.max_requests <= 2 * half.max_requests + 1

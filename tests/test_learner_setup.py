@@ -5,10 +5,12 @@ virtual environment, and every lab run to its end in it.
     python -m pip install -e ".[labs]"
     cp -r labs my-labs && jupyter lab my-labs
 
-As tests/test_colab_setup.py does for Colab, the environment is a plain venv (not
-``--system-site-packages``), pip reads this machine's configured local indexes so that nothing is
-downloaded, and torch goes in first from the CPU wheel on disk, as the setup page tells a Linux
-learner without a GPU to do; the install must then keep it. The test copies labs/ as a learner
+The environment is the plain venv tests/test_colab_setup.py used before (tests/fresh_env.py:
+one venv a session, so torch is installed once): pip reads this machine's configured local
+indexes so that nothing is downloaded, and torch went in first from the CPU wheel on disk, as
+the setup page tells a Linux learner without a GPU to do; the install must then keep it. What
+the Colab test left there (torch, NumPy, matplotlib and the package's own requirements, the
+package itself uninstalled) is what ``pip install -e ".[labs]"`` brings anyway. The test copies labs/ as a learner
 does, checks that JupyterLab and a kernel of the venv's own Python are there, and runs **every**
 copied lab from top to bottom in that kernel with ``jupyter nbconvert --execute``, unsolved (each
 check lends the package's reference): a lab that imports anything the learner's install lacks
@@ -23,11 +25,9 @@ requirement with no wheels for some system (triton: Linux only) carries its plat
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import tomllib
 import urllib.request
@@ -38,7 +38,7 @@ import nbformat
 import pytest
 from packaging.requirements import Requirement
 
-from test_colab_setup import PREINSTALL, _offline_pip_env, _versions
+from fresh_env import shared_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
@@ -53,7 +53,7 @@ class Learner:
     bin_dir: Path
     labs: Path          # the learner's copy of labs/
     env: dict
-    before: dict        # package versions before the course's install (torch alone)
+    before: dict        # package versions before the course's install (torch first)
     after: dict
 
     def run(self, *args, timeout=900):
@@ -63,28 +63,17 @@ class Learner:
 
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory) -> Learner:
-    """A venv made as README's learner quick start says, and a copy of labs/ in it."""
-    tmp = tmp_path_factory.mktemp("learner")
-    env = _offline_pip_env()
-    env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")  # no kernels but the venv's own
-    env["JUPYTER_CONFIG_DIR"] = str(tmp / "jupyter-config")
-    env.pop("TRITON_INTERPRET", None)  # a learner's shell does not set it
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python, bin_dir = venv / "bin" / "python", venv / "bin"
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    run = dict(env=env, cwd=tmp, capture_output=True, text=True)
-
-    torch_first = subprocess.run([str(python), "-m", "pip", "install", "-q", PREINSTALL[0]],
-                                 timeout=600, **run)
-    assert torch_first.returncode == 0, torch_first.stderr[-3000:]
-    before = _versions(python, env, tmp)
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e",
-                                f"{ROOT}[labs]"], timeout=900, **run)
+    """The session's fresh venv (torch first), with the course installed as README's learner
+    quick start says, and a copy of labs/ beside it."""
+    venv = shared_venv(tmp_path_factory).without_inferlab()
+    before = venv.versions()
+    installed = venv.pip("install", "-q", "-e", f"{ROOT}[labs]")
     assert installed.returncode == 0, installed.stderr[-3000:]
-    mine = tmp / "my-labs"
+    mine = venv.folder / "my-labs"
+    shutil.rmtree(mine, ignore_errors=True)
     shutil.copytree(ROOT / "labs", mine)  # what the learner works in
-    return Learner(venv, python, bin_dir, mine, env, before, _versions(python, env, tmp))
+    return Learner(venv.python.parent.parent, venv.python, venv.bin_dir, mine, venv.env, before,
+                   venv.versions())
 
 
 def test_the_learner_path_installs_jupyterlab_and_keeps_torch(learner):

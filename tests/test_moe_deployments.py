@@ -99,3 +99,53 @@ def test_the_step_time_model_prices_active_flops_and_touched_bytes():
     assert {k.name: k.bound for k in big}["linear"] == "compute"
     assert md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, 2048, 256) > 1.1 * \
         md.decode_floor_usd_per_m(ds, 3.35e12, 2.0, 2048, 256)
+
+
+def test_the_published_operating_point_is_the_statistics_arithmetic():
+    point = md.published_operating_point()
+    assert point.tokens_per_gpu_s == 14800 / 8
+    assert point.batch_per_gpu == pytest.approx(14800 / 8 / 21)   # 20-22 tokens/s a sequence
+    assert point.context == 4989
+    assert md.mtp_tokens_per_step() == (1.85, 1.90)
+
+
+def test_the_all_to_all_is_counted_per_token_through_each_nic_and_bounds_the_decode_step():
+    ds = md.deepseek_layout("decode")
+    a2a = md.deepseek_all_to_all(ds)
+    v3 = MoEConfig.from_name("deepseek-v3")
+    assert (a2a.ep, a2a.layers, a2a.experts_per_token, a2a.hidden) == (144, 58, 8, 7168)
+    # every MoE layer: 8 rows of 7168 out in FP8 (+ a 4-byte scale per 128) and back in bf16;
+    # 136 of 144 destinations are on other nodes
+    per_token = v3.moe_layers * 136 / 144 * 8 * 7168 * ((1 + 4 / 128) + 2)
+    assert a2a.layers * (a2a.nic_bytes_per_token("dispatch")
+                         + a2a.nic_bytes_per_token("combine")) == pytest.approx(per_token)
+    point = md.published_operating_point()
+    parts = md.step_parts(ds, "H100 SXM", point.batch_per_gpu, point.context, a2a)
+    talk = sum(v for k, v in parts.items() if k.startswith(("dispatch", "combine")))
+    compute = parts["linear"] + parts["attention"] + parts["lm_head"]
+    assert talk > compute                       # the NIC, not the HBM, bounds this step
+    assert parts["combine bytes"] == pytest.approx(
+        a2a.layers * point.batch_per_gpu * a2a.nic_bytes_per_token("combine") / 50e9)
+    # with MTP each sequence runs 2 tokens through the layers: twice the rows on the wire
+    two = md.step_parts(ds, "H100 SXM", point.batch_per_gpu, point.context, a2a, positions=2)
+    assert two["dispatch bytes"] == pytest.approx(2 * parts["dispatch bytes"])
+    assert two["dispatch latency"] == parts["dispatch latency"]
+
+
+def test_two_batch_overlap_costs_the_larger_of_compute_and_communication():
+    ds = md.deepseek_layout("decode")
+    a2a = md.deepseek_all_to_all(ds)
+    b, c = 64, 4096
+    alone = md.decode_step_s(ds, "H100 SXM", b, c)                  # no network
+    serial = md.decode_step_s(ds, "H100 SXM", b, c, a2a)
+    overlapped = md.decode_step_s(ds, "H100 SXM", b, c, a2a, overlap=True)
+    half = md.step_parts(ds, "H100 SXM", b / 2, c, a2a)
+    talk = 2 * sum(v for k, v in half.items() if k.startswith(("dispatch", "combine")))
+    compute = 2 * (half["linear"] + half["attention"] + half["lm_head"])
+    assert overlapped == pytest.approx(max(talk, compute))
+    assert alone < overlapped < serial
+    assert overlapped > serial - min(talk, compute)        # never the sum minus both
+    # the floor <= the step without a network <= the one with it, at one price
+    floor = md.decode_floor_usd_per_m(ds, 3.35e12, 2.0, b, c)
+    assert floor <= md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, b, c) < \
+        md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, b, c, all_to_all=a2a, overlap=True)

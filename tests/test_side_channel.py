@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from inferlab.loadgen.side_channel import main, run_attack, threshold
+from inferlab.loadgen.side_channel import main, parser, run_attack, threshold
 from inferlab.serve.__main__ import build
 from inferlab.serve.background import BackgroundServer
 from inferlab.serve.tenants import Tenants
@@ -50,3 +50,13 @@ def test_command_line_reports_accuracy_and_cost(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["model"] == "course-target" and saved["trials"] == 6 == len(saved["sent"])
     assert saved["accuracy"] == r["accuracy"] and saved["shared_prefix_cost"]["requests"] == 6
+
+
+def test_every_option_says_its_default_in_plain_text(capsys):
+    for action in parser()._actions:
+        if action.dest != "help":
+            assert "default" in (action.help or ""), action.option_strings
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert not any(markup in shown for markup in ("``", ":func:", "%(default"))

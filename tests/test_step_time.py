@@ -3,7 +3,7 @@ windows, MLA, tensor parallelism, and the table of what changed against the old 
 
 import pytest
 
-from inferlab.analysis import formulas, mla
+from inferlab.analysis import collectives, formulas, mla
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.analysis.step_time import (Attention, Shape, StepModel, link_bandwidth,
                                          old_single_max, precision, step_time)
@@ -101,14 +101,51 @@ def test_tensor_parallel_splits_work_and_adds_an_all_reduce_per_half_layer():
     config = ModelConfig.from_name("llama-3-70b")
     one = StepModel.for_device(config, "H100 SXM")
     four = StepModel.for_device(config, "H100 SXM", devices=4)
-    assert four.link == link_bandwidth("NVLink H100") == 450e9
+    assert four.link.name == "NVLink H100" and four.link.bandwidth == link_bandwidth("NVLink H100") == 450e9
     shape = Shape.of_rows([(1, 1000)] * 64)
     k1, k4 = by_name(one.kernels(shape)), by_name(four.kernels(shape))
     assert k4["linear"].seconds == pytest.approx(k1["linear"].seconds / 4)
-    ring = 2 * 80 * 2 * 3 / 4 * 64 * 8192 * 2          # 2 all-reduces a layer, 64 tokens
-    assert k4["collective"].seconds == pytest.approx(ring / 450e9)
+    # 2 all-reduces a layer, each of 64 tokens x 8192 bf16 activations; the ring's bus bytes
+    message = 64 * 8192 * 2
+    assert k4["collective"].bytes == pytest.approx(2 * 80 * 2 * 3 / 4 * message)
+    call = collectives.all_reduce(four.link, message, 4)
+    assert k4["collective"].latency_s == pytest.approx(160 * call.latency_s)
+    assert k4["collective"].memory_s == pytest.approx(160 * call.transfer_s)
+    assert k4["collective"].seconds == pytest.approx(160 * call.seconds)
     with pytest.raises(ValueError, match="no GPU link"):
         StepModel.for_device(config, "H100 PCIe", devices=2)
+
+
+def test_llama_3_70b_at_tp8_makes_160_all_reduces_and_pays_their_latency_at_batch_1():
+    config = ModelConfig.from_name("llama-3-70b")
+    eight = StepModel.for_device(config, "H100 SXM", devices=8)
+    assert eight.all_reduce_calls() == 160
+    one_token = by_name(eight.kernels(Shape.decode(1, 1024)))["collective"]
+    # a 16 KiB message: the custom all-reduce's latency, not its bytes, is the cost
+    latency, bandwidth = collectives.custom_fits()[("NVLink H100", 8)]
+    assert one_token.latency_s == pytest.approx(160 * latency)
+    assert one_token.memory_s == pytest.approx(160 * 8192 * 2 / bandwidth)
+    assert one_token.bound == "latency" and one_token.latency_s > 10 * one_token.memory_s
+    # a link given as bare bytes/s has no latency: the old bandwidth-only model
+    free = StepModel.for_device(config, "H100 SXM", devices=8, link=450e9)
+    bare = by_name(free.kernels(Shape.decode(1, 1024)))["collective"]
+    assert bare.latency_s == 0 and bare.memory_s == pytest.approx(160 * 2 * 7 / 8 * 16384 / 450e9)
+
+
+def test_two_batch_overlap_hides_only_the_smaller_of_compute_and_communication():
+    config = ModelConfig.from_name("llama-3-70b")
+    model = StepModel.for_device(config, "H100 SXM", devices=8, link="InfiniBand NDR")
+    shape = Shape.decode(64, 64 * 1024)
+    half = by_name(model.kernels(shape.times(0.5)))
+    compute = 2 * sum(k.seconds for n, k in half.items() if n != "collective")
+    talk = 2 * half["collective"].seconds
+    assert model.overlapped_s(shape) == pytest.approx(max(compute, talk))
+    # never cheaper than either sum, and each micro-batch reads the weights again
+    assert model.overlapped_s(shape) >= max(compute, talk)
+    assert compute > sum(k.seconds for k in model.kernels(shape) if k.name != "collective")
+    assert model.overlapped_s(shape, micro_batches=1) == pytest.approx(
+        max(model.seconds(shape) - by_name(model.kernels(shape))["collective"].seconds,
+            by_name(model.kernels(shape))["collective"].seconds))
 
 
 def test_blocks_for_tokens_is_a_ceiling():

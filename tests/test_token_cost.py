@@ -74,7 +74,8 @@ def test_precision_moves_bytes_and_groups_hold_the_model():
     assert tc.group_size(config, "B200") == 2
     assert tc.group_size(config, "H100 SXM", "int4 weights") == 1
     costs = tc.CostCase(model="llama-3-70b").costs()
-    assert costs.devices == 4 and costs.link == 450e9      # split over NVLink
+    assert costs.devices == 4 and costs.link.name == "NVLink H100"   # split over NVLink
+    assert costs.link.bandwidth == 450e9
     # the memory a program can have on each H100 (nvidia-smi total less the driver's reserve)
     case = tc.CostCase(model="llama-3-70b")
     assert case.spec().memory == (81559 - 454) * 2**20 and case.spec().bandwidth == 3350e9

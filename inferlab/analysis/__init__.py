@@ -3,9 +3,11 @@
 Read in this order: ``formulas`` (bytes, FLOPs, intensity and floors the book quotes),
 ``hardware`` (the device table, detection, bandwidth and FLOP/s probes), ``roofline`` (the model
 and its plot), ``step_time`` (the course's one model of a step's time: every kernel on its own
-roofline, summed; everything that models a time uses it), ``request_time`` (a request's prefill and decode at the roofline, and recompute
-against swap), ``attention_io`` (prefill attention's memory traffic, with and without tiling),
-``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models),
+roofline, summed; everything that models a time uses it), ``collectives`` (what one
+all-reduce or all-to-all between devices costs: a per-call latency plus its bytes over the link,
+from sourced tables), ``request_time`` (a request's prefill and decode at the roofline, and
+recompute against swap), ``attention_io`` (prefill attention's memory traffic, with and
+without tiling), ``mla`` and ``moe`` (multi-head latent attention and mixture-of-experts models),
 ``attention_layouts`` (KV bytes of sliding-window, linear-attention and sparse layers),
 ``prefix_routing`` (chats over replicas: round-robin against longest cached prefix),
 ``decode_timing`` (one generation step timed: cached decode against recompute),

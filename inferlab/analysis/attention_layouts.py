@@ -20,6 +20,13 @@ attends to every earlier token and keeps all of them. Recent models mix layer ki
 step's attention reads, ``sequences_that_fit`` the capacity of a memory budget. Byte widths are
 arguments: a cache in bfloat16 (2), FP8 (1); a recurrent state that an engine keeps in float32
 (4) is ``state_bytes``.
+
+Engines do not store DeepSeek-V3.2's latent cache in bfloat16. FlashMLA's sparse decoding kernel
+reads an "FP8 with scale" record of 656 bytes per token and layer: the latent's 512 non-positional
+numbers in FP8 E4M3 with one float32 scale per 128 of them, and its 64 rotary numbers left in
+bfloat16 (FlashMLA README, section FP8 KV Cache); the model's reference code keeps the indexer
+key in FP8 with one float32 scale per 128 numbers (DeepSeek-V3.2-Exp ``inference/model.py``,
+``Indexer.k_cache`` and ``k_scale_cache``). ``fp8_token_bytes`` counts that format.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class AttentionLayout:
     linear_v_dim: int = 0
     linear_conv_kernel: int = 0
     latent_dim: int = 0          # MLA: numbers cached per token and layer (replaces K and V)
+    latent_rope_dim: int = 0     # of those, the rotary part (kept in 16-bit by FP8 formats)
     index_dim: int = 0           # sparse attention: indexer key numbers per token and layer
     index_topk: int = 0          # tokens each query attends to (0: all)
     max_seq_len: int = 0
@@ -87,6 +95,23 @@ class AttentionLayout:
         conv_width = 2 * self.linear_k_heads * self.linear_k_dim \
             + self.linear_v_heads * self.linear_v_dim
         return recurrent + conv_width * (self.linear_conv_kernel - 1)
+
+    def fp8_token_bytes(self, scale_block: int = 128, scale_bytes: int = 4) -> float:
+        """Bytes one token adds to one latent layer in the engines' FP8 format: the latent's
+        non-rotary numbers in FP8 with a float32 scale per ``scale_block`` of them, its rotary
+        numbers in bfloat16, the indexer key in FP8 with a float32 scale per ``scale_block``.
+        DeepSeek-V3.2: (512 + 4 x 4 + 64 x 2) + (128 + 4) = 656 + 132 = 788 bytes."""
+        if not self.latent_dim:
+            raise ValueError(f"{self.name} has no latent cache; the FP8 record is MLA's")
+        nope = self.latent_dim - self.latent_rope_dim
+        latent = nope + -(-nope // scale_block) * scale_bytes + 2 * self.latent_rope_dim
+        index = (self.index_dim + -(-self.index_dim // scale_block) * scale_bytes
+                 if self.index_dim else 0)
+        return latent + index
+
+    def stored_bytes_fp8(self, tokens: int) -> float:
+        """Bytes one sequence of ``tokens`` tokens keeps in the engines' FP8 format."""
+        return self.full_layers * tokens * self.fp8_token_bytes()
 
     def stored_bytes(self, tokens: int, bytes_per_element: float = 2,
                      state_bytes: float | None = None) -> float:

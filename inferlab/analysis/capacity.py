@@ -1,6 +1,14 @@
 """Capacity planning: how many requests' KV caches fit on a device beside the weights.
 
-    requests = (device memory - weights - activation reserve) / (KV bytes per token x context)
+    requests = (utilization x device memory - weights - activation reserve)
+               / (KV bytes per token x context)
+
+The utilization is the share of the device an engine lets itself use. vLLM's
+``gpu_memory_utilization`` (default 0.92, ``VLLM_GPU_MEMORY_UTILIZATION``) is exactly that: its
+worker takes that fraction of the total memory the driver reports, profiles a forward pass, and
+gives the KV cache what is left of the fraction after the weights and the pass's peak activations
+and other allocations (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``). The
+remaining 8% stays untouched, and the activation reserve sits inside the 92%, not beside it.
 
 The formulas live in ``inferlab.analysis.formulas`` (``kv_memory_budget``, ``kv_token_slots``,
 ``max_concurrent_requests``); this module puts a model from ``data/models.csv`` and a device
@@ -27,6 +35,10 @@ from inferlab.serving.config import BLOCK_SIZE
 # Memory kept back for activations, the framework and its allocator: the PagedAttention paper's
 # Fig. 1 leaves about 2 GB of an A100-40GB for them beside 26 GB of weights and 12 GB of cache.
 DEFAULT_ACTIVATION_RESERVE = 2e9
+# The share of the device's memory the engine sizes itself from: vLLM's CacheConfig default
+# (vllm/config/cache.py, gpu_memory_utilization; data/engine_facts.csv row
+# vllm-gpu-memory-utilization). 1.0 counts the whole device, as the paper's example does.
+VLLM_GPU_MEMORY_UTILIZATION = 0.92
 PAPER_KV_GIB = 12  # KV memory of OPT-13B on one A100-40GB (Kwon et al. 2023, Table 1 / Sec. 3)
 
 
@@ -39,6 +51,7 @@ class Capacity:
     context: int
     kv_dtype: str
     device_memory: float
+    memory_utilization: float   # share of device_memory the engine may use
     weights: float
     activation_reserve: float
     kv_budget: float            # bytes left for the cache (negative: the weights do not fit)
@@ -49,11 +62,18 @@ class Capacity:
     def __str__(self) -> str:
         if self.kv_budget <= 0:
             return (f"{self.model} on {self.device}: the weights ({self.weights / 1e9:.1f} GB) "
-                    f"and reserve leave no room for a KV cache in {self.device_memory / 1e9:.0f} GB")
-        return (f"{self.model} on {self.device} ({self.kv_dtype} cache): "
+                    f"and reserve leave no room for a KV cache in {self.usable_memory / 1e9:.1f} GB "
+                    f"({self.memory_utilization:.0%} of {self.device_memory / 1e9:.1f} GB)")
+        return (f"{self.model} on {self.device} ({self.kv_dtype} cache, "
+                f"{self.memory_utilization:.0%} of {self.device_memory / 1e9:.1f} GB): "
                 f"{self.weights / 1e9:.1f} GB weights, {self.kv_budget / 1e9:.1f} GB for the cache "
                 f"at {self.kv_bytes_per_token / 2**10:,.0f} KiB/token = {self.token_slots:,} token "
                 f"slots = {self.max_requests:,} requests of {self.context:,} tokens")
+
+    @property
+    def usable_memory(self) -> float:
+        """The bytes the engine sizes itself from: utilization x device memory."""
+        return self.memory_utilization * self.device_memory
 
 
 def _config(model: ModelConfig | str) -> ModelConfig:
@@ -83,28 +103,37 @@ def dtype_label(dtype) -> str:
 def capacity(model: ModelConfig | str, device: DeviceSpec | str, context: int,
              kv_dtype="bfloat16", weight_dtype="bfloat16",
              activation_reserve: float = DEFAULT_ACTIVATION_RESERVE,
-             weights: float | None = None) -> Capacity:
+             weights: float | None = None,
+             memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Capacity:
     """How many ``context``-token requests of ``model`` fit on ``device`` (a hardware-table row).
 
     ``kv_dtype`` is the cache's number format: a dtype name (``"bfloat16"``, or a one-byte
-    storage format such as ``"float8_e4m3fn"`` or ``"int8"``) or bytes per number."""
+    storage format such as ``"float8_e4m3fn"`` or ``"int8"``) or bytes per number. The engine
+    sizes itself from ``memory_utilization`` x the device's memory (vLLM's default 0.92); the
+    weights and the ``activation_reserve`` come out of that share, the rest holds the cache."""
+    if not 0 < memory_utilization <= 1:
+        raise ValueError(f"memory_utilization is a share of the device's memory in (0, 1], "
+                         f"got {memory_utilization!r}")
     config, spec = _config(model), _spec(device)
     w = formulas.weight_bytes(config, weight_dtype) if weights is None else weights
-    budget = formulas.kv_memory_budget(config, spec.memory, weight_dtype, activation_reserve, w)
+    usable = memory_utilization * spec.memory
+    budget = formulas.kv_memory_budget(config, usable, weight_dtype, activation_reserve, w)
     return Capacity(
         model=config.name, device=spec.name, context=context,
         kv_dtype=dtype_label(kv_dtype),
-        device_memory=spec.memory, weights=w, activation_reserve=activation_reserve,
+        device_memory=spec.memory, memory_utilization=memory_utilization, weights=w,
+        activation_reserve=activation_reserve,
         kv_budget=budget, kv_bytes_per_token=formulas.kv_bytes_per_token(config, kv_dtype),
         token_slots=formulas.kv_token_slots(config, max(budget, 0.0), kv_dtype),
-        max_requests=formulas.max_concurrent_requests(config, spec.memory, context, kv_dtype,
+        max_requests=formulas.max_concurrent_requests(config, usable, context, kv_dtype,
                                                       activation_reserve, weight_dtype, w),
     )
 
 
 def kv_blocks_for_device(config: ModelConfig, spec: DeviceSpec, dtype: str = "bfloat16",
                          block_size: int = BLOCK_SIZE, activation_reserve: float = 0.0) -> int:
-    """KV blocks that fit on a table device beside ``config``'s weights (``formulas``)."""
+    """KV blocks that fit on a table device beside ``config``'s weights (``formulas``), counting
+    the whole of the device's memory: the simulator's pool, not an engine's utilization share."""
     budget = formulas.kv_memory_budget(config, spec.memory, dtype, activation_reserve)
     if budget <= 0:
         raise ValueError(f"{config.name}'s weights do not fit in {spec.name}'s memory")
@@ -120,7 +149,8 @@ def paper_pool_slots() -> int:
 
 def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b"),
                   device: str = "A100 80GB SXM", contexts=None, kv_dtype="bfloat16",
-                  activation_reserve: float = DEFAULT_ACTIVATION_RESERVE, ax=None):
+                  activation_reserve: float = DEFAULT_ACTIVATION_RESERVE, ax=None,
+                  memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION):
     """Requests that fit against context length, one line per model: the site's static figure."""
     import matplotlib.pyplot as plt
 
@@ -132,8 +162,9 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
     top = 1
     for i, name in enumerate(models):
         config = _config(name)
-        counts = [capacity(name, spec, c, kv_dtype, activation_reserve=activation_reserve)
-                  .max_requests for c in contexts]
+        counts = [capacity(name, spec, c, kv_dtype, activation_reserve=activation_reserve,
+                           memory_utilization=memory_utilization).max_requests
+                  for c in contexts]
         top = max(top, *counts)
         kib = formulas.kv_bytes_per_token(config, kv_dtype) / 2**10
         window = (f", window {config.sliding_window:,}" if config.sliding_window else "")
@@ -151,8 +182,8 @@ def plot_capacity(models=("llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("context reserved per request (tokens)")
     ax.set_ylabel("requests that fit at once")
-    ax.set_title(f"KV cache capacity on {spec.name} ({spec.memory / 1e9:.0f} GB), "
-                 f"{dtype_label(kv_dtype)} cache, "
+    ax.set_title(f"KV cache capacity on {spec.name} ({memory_utilization:.0%} of "
+                 f"{spec.memory / 1e9:.0f} GB), {dtype_label(kv_dtype)} cache, "
                  f"{activation_reserve / 1e9:.0f} GB reserve", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     legend_outside(ax)
@@ -180,13 +211,19 @@ def capacity_widget():
         "reserve_gb": widgets.FloatSlider(value=DEFAULT_ACTIVATION_RESERVE / 1e9, min=0, max=20,
                                           step=0.5, description="reserve GB",
                                           continuous_update=False),
+        "utilization": widgets.FloatSlider(value=VLLM_GPU_MEMORY_UTILIZATION, min=0.5, max=1.0,
+                                           step=0.01, description="memory share",
+                                           continuous_update=False),
     }
 
-    def draw(model, device, context, kv_dtype, reserve_gb):
-        print(capacity(model, device, context, kv_dtype, activation_reserve=reserve_gb * 1e9))
-        plot_capacity([model], device, kv_dtype=kv_dtype, activation_reserve=reserve_gb * 1e9)
+    def draw(model, device, context, kv_dtype, reserve_gb, utilization):
+        print(capacity(model, device, context, kv_dtype, activation_reserve=reserve_gb * 1e9,
+                       memory_utilization=utilization))
+        plot_capacity([model], device, kv_dtype=kv_dtype, activation_reserve=reserve_gb * 1e9,
+                      memory_utilization=utilization)
 
-    return redrawing(controls, [["model", "device"], ["context", "kv_dtype"], ["reserve_gb"]], draw)
+    return redrawing(controls, [["model", "device"], ["context", "kv_dtype"],
+                                ["reserve_gb", "utilization"]], draw)
 
 
 def show_capacity(**plot_kwargs):

@@ -60,12 +60,16 @@ class DeviceSpec:
     peak_fp8: float | None = None  # FLOP/s, dense, FP8 tensor cores
     peak_fp4: float | None = None  # FLOP/s, dense, FP4 tensor cores
     gpu_link: str = ""         # the GPU-to-GPU link of data/links.csv its servers use
+    peak_int8: float | None = None  # OP/s, dense, INT8 tensor cores (data/hardware_int8.csv)
 
     def peak_flops(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
-        """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32)."""
+        """Datasheet peak for ``dtype``; None where the table has no figure (say, FP32).
+        ``"int8"`` is the INT8 tensor cores' rate in operations per second: an int8 multiply-add
+        counts as two operations, as a floating-point one counts as two FLOPs."""
         name = str(dtype).removeprefix("torch.")
         return {"bfloat16": self.peak_bf16, "float16": self.peak_fp16, "fp8": self.peak_fp8,
-                "float8_e4m3fn": self.peak_fp8, "fp4": self.peak_fp4}.get(name)
+                "float8_e4m3fn": self.peak_fp8, "fp4": self.peak_fp4,
+                "int8": self.peak_int8}.get(name)
 
     def ridge_point(self, dtype: str | torch.dtype = torch.bfloat16) -> float | None:
         """Peak FLOP/s over bandwidth, in FLOP per byte (None without a peak figure)."""
@@ -95,6 +99,14 @@ def _memory(row: dict) -> tuple[float | None, float | None]:
 DEFAULT_KINDS = ("gpu", "cpu")
 
 
+def _int8_peaks() -> dict[str, float]:
+    """Dense INT8 tensor-core peaks (OP/s) by device name, from ``data/hardware_int8.csv``: kept
+    apart from ``hardware.csv`` so that the INT8 rows, each with its source, add no column to
+    every row of the main table."""
+    return {r["name"]: float(r["peak_int8_tops"]) * 1e12 for r in read_table("hardware_int8.csv")
+            if r["peak_int8_tops"].strip()}
+
+
 def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, DeviceSpec]:
     """The rows of ``data/hardware.csv`` of the given ``kinds``, keyed by name, in table order.
 
@@ -102,6 +114,7 @@ def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, De
     every row, TPUs ("tpu") and SRAM-first chips ("lpu", "wse") included.
     """
     specs = {}
+    int8 = _int8_peaks()
     for row in read_table("hardware.csv"):
         if kinds is not None and row["kind"] not in kinds:
             continue
@@ -121,6 +134,7 @@ def load_hardware(kinds: tuple[str, ...] | None = DEFAULT_KINDS) -> dict[str, De
             peak_fp8=_number(row.get("peak_fp8_tflops", ""), 1e12),
             peak_fp4=_number(row.get("peak_fp4_tflops", ""), 1e12),
             gpu_link=row.get("gpu_link", ""),
+            peak_int8=int8.get(row["name"]),
         )
     return specs
 

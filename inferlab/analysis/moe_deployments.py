@@ -12,10 +12,19 @@ At decode, once the group's global batch touches every expert (Chapter 10: E [1 
 per layer), each GPU reads per step its replicated weights, its local experts and its own
 sequences' KV cache. ``weight_bytes_per_gpu`` counts the weights from the model's published shape
 (``inferlab.analysis.moe``); ``decode_floor_usd_per_m`` prices an output token at that bandwidth
-floor with Chapter 8's formula (``token_cost.bandwidth_floor_usd_per_m``). This is a lower bound:
-it leaves out the dispatch and combine over the network (which DeepSeek overlaps with computation
-using two micro-batches), load imbalance, and the arithmetic, so it is the cost a perfect
-deployment approaches, to set beside the published one (``published_decode_usd_per_m``).
+floor with Chapter 8's formula (``token_cost.bandwidth_floor_usd_per_m``). The floor leaves out
+the arithmetic and the network.
+
+The network is in the step-time model's version of the step (``decode_step_kernels`` with an
+``all_to_all``): every MoE layer dispatches each token's k rows to its experts' GPUs in FP8 and
+combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), through each GPU's
+400 Gb/s NIC for the rows bound for other nodes, priced from DeepEP's published kernels
+(``inferlab.analysis.collectives.ExpertAllToAll``). DeepSeek overlaps it with computation by
+splitting each step into two micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which
+hides only the smaller of the two. ``published_operating_point`` reads the decode batch per GPU
+and the context from DeepSeek's published statistics, and ``mtp_tokens_per_step`` the tokens a
+step yields with the multi-token-prediction module (DeepSeek-AI 2024, acceptance of the second
+token).
 
 gpt-oss-120b is published for the opposite deployment: one 80 GB GPU, with its routed experts in
 MXFP4 (4.25 bits a weight with the block scale) and everything else in bf16 (``data/published.csv``:
@@ -24,10 +33,9 @@ layout of one); its cache is grouped-query with every other layer a 128-token sl
 (``inferlab.analysis.attention_layouts``). One GPU's batch is small against 128 experts, so the
 weights read per step count the experts the batch is expected to touch, not all of them.
 
-``decode_step_kernels`` prices the same step on the course's one step-time model
+``decode_step_kernels`` prices the step on the course's one step-time model
 (``step_time.StepModel``): arithmetic on the active parameters, bytes of the touched weights and
-the caches, kernel by kernel. At the published batches every kernel is memory-bound, so it agrees
-with the floor; the network's all-to-all is still left out.
+the caches, kernel by kernel, and, when given, the dispatch and combine.
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ from dataclasses import dataclass
 from inferlab.analysis import mla, token_cost
 from inferlab.analysis.attention_layouts import AttentionLayout
 from inferlab.analysis.chip_costs import FP4
+from inferlab.analysis.collectives import ExpertAllToAll, Link
 from inferlab.analysis.hardware import get_device_spec
-from inferlab.analysis.step_time import Attention, Shape, StepModel, precision
+from inferlab.analysis.step_time import COMMUNICATION, Attention, Shape, StepModel, precision
 from inferlab.analysis.moe import MoEConfig, expected_experts
 from inferlab.analysis.published import quote
 from inferlab.device import bytes_per_element
@@ -147,18 +156,56 @@ def published_decode_usd_per_m() -> float:
     return token_cost.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
 
 
-def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, context: int,
-                        prec="fp8", weight_dtype="float8_e4m3fn", kv_dtype="bfloat16",
-                        expert_bytes: float | None = None):
+NIC = "RDMA NIC per GPU (400G)"   # DeepEP's H800s: one 400 Gb/s CX7 NIC per GPU
+
+
+def deepseek_all_to_all(layout: EPLayout, link: str = NIC) -> ExpertAllToAll:
+    """Dispatch and combine of ``layout`` through each GPU's NIC: k rows of d_model per token in
+    every MoE layer, FP8 out and bf16 back, 8 GPUs to a node (``deepseek_node_gpus``)."""
+    moe = MoEConfig.from_name(layout.model)
+    return ExpertAllToAll(layout.gpus, moe.experts_per_token, moe.d_model, Link.named(link),
+                          int(quote("deepseek_node_gpus").value), moe.moe_layers)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """The decode batch per GPU and context DeepSeek's published statistics imply."""
+
+    batch_per_gpu: float   # sequences decoding at once on each GPU
+    context: int           # tokens of cache each output token reads (their average)
+    tokens_per_gpu_s: float
+
+
+def published_operating_point() -> OperatingPoint:
+    """Each node's output rate over its GPUs, divided by one sequence's average output speed,
+    is the number of sequences each GPU decodes at once; the context is the published average
+    cache length per output token (DeepSeek-AI 2025, statistics of the online service)."""
+    per_node, _ = quote("deepseek_decode_node_throughput").values
+    low, high = quote("deepseek_output_speed").values
+    per_gpu = per_node / quote("deepseek_node_gpus").value
+    return OperatingPoint(per_gpu / ((low + high) / 2), int(quote("deepseek_kv_length").value),
+                          per_gpu)
+
+
+def mtp_tokens_per_step() -> tuple[float, float]:
+    """Tokens one decode step yields per sequence with DeepSeek-V3's one MTP module: the next
+    token, plus the drafted second one when it is accepted (85 to 90% of the time)."""
+    low, high, _ = quote("deepseek_v3_mtp_acceptance").values
+    return 1 + low / 100, 1 + high / 100
+
+
+def _step(layout: EPLayout, device: str, batch_per_gpu: float, context: int, prec="fp8",
+          weight_dtype="float8_e4m3fn", kv_dtype="bfloat16", expert_bytes: float | None = None,
+          positions: int = 1):
     """One GPU's decode step on the course's one step-time model (``step_time.StepModel``).
 
     Per GPU the linear kernels do 2 FLOPs per *active* parameter per token (its own sequences'
     attention and dense parts, and on average its share of the tokens routed to its experts),
     but read the weights its batch touches (``weight_bytes_per_gpu``), passed to the model's
     ``kernels`` as ``linear_bytes``. Attention is MLA's (``mla.attention_cost``) or grouped-query
-    with the window layers reading at most their window. The dispatch and combine over the
-    network are not priced.
-    """
+    with the window layers reading at most their window. ``positions``: tokens each sequence
+    runs through the model per step (2 with one MTP draft to verify). Returns the model, the
+    step's shape and the linear kernels' bytes."""
     moe, p, spec = MoEConfig.from_name(layout.model), precision(prec), get_device_spec(device)
     head = moe.vocab_size * moe.d_model
     lookup = 0 if moe.tie_embeddings else head
@@ -170,15 +217,55 @@ def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: int, conte
         attention = Attention(moe.n_layers * per_layer,
                               4 * moe.n_layers * moe.n_heads * moe.head_dim)
         held = window.read_bytes(context, bytes_per_element(kv_dtype)) / (moe.n_layers * per_layer)
-    read = weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes) \
+    tokens = batch_per_gpu * positions
+    read = weight_bytes_per_gpu(layout, weight_dtype, tokens, expert_bytes) \
         - head * p.bytes_per_weight
     model = StepModel(moe.active_params() - lookup - head, head, moe.d_model, moe.n_layers,
                       attention, p, spec.peak_flops(p.compute), spec.bandwidth)
-    return model.kernels(Shape.decode(batch_per_gpu, batch_per_gpu * held), linear_bytes=read)
+    shape = Shape.of_rows([(positions, held)]).times(batch_per_gpu)
+    return model, shape, read
+
+
+def decode_step_kernels(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
+                        all_to_all: ExpertAllToAll | None = None, **kw):
+    """The kernels of one GPU's decode step (``_step``), with the dispatch and combine of its
+    tokens when ``all_to_all`` is given (``deepseek_all_to_all``)."""
+    model, shape, read = _step(layout, device, batch_per_gpu, context, **kw)
+    return model.kernels(shape, read, all_to_all)
+
+
+def decode_step_s(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
+                  all_to_all: ExpertAllToAll | None = None, overlap: bool = False,
+                  positions: int = 1, **kw) -> float:
+    """Seconds of one GPU's decode step: kernel by kernel in sequence, or with two micro-batches
+    overlapping communication and computation (``overlap``; each micro-batch reads the weights
+    its half of the batch touches)."""
+    model, shape, read = _step(layout, device, batch_per_gpu, context, positions=positions, **kw)
+    if not overlap:
+        return model.seconds(shape, read, all_to_all)
+    _, _, half_read = _step(layout, device, batch_per_gpu / 2, context, positions=positions, **kw)
+    return model.overlapped_s(shape, half_read, all_to_all)
+
+
+def step_parts(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
+               all_to_all: ExpertAllToAll | None = None, positions: int = 1, **kw) -> dict:
+    """Seconds per kernel class of one GPU's step, the communication split into its latency
+    and its bytes' time (no overlap)."""
+    model, shape, read = _step(layout, device, batch_per_gpu, context, positions=positions, **kw)
+    out = {}
+    for k in model.kernels(shape, read, all_to_all):
+        if k.name in COMMUNICATION:
+            out[f"{k.name} latency"] = k.latency_s
+            out[f"{k.name} bytes"] = k.memory_s
+        else:
+            out[k.name] = k.seconds
+    return out
 
 
 def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float,
-                          batch_per_gpu: int, context: int, **kw) -> float:
-    """Dollars per million output tokens at the step-time model's decode step."""
-    step = sum(k.seconds for k in decode_step_kernels(layout, device, batch_per_gpu, context, **kw))
-    return token_cost.usd_per_million(usd_per_gpu_hour, batch_per_gpu / step)
+                          batch_per_gpu: float, context: int, tokens_per_step: float = 1.0,
+                          **kw) -> float:
+    """Dollars per million output tokens at the step-time model's decode step, each sequence
+    yielding ``tokens_per_step`` tokens a step (more than 1 with MTP)."""
+    step = decode_step_s(layout, device, batch_per_gpu, context, **kw)
+    return token_cost.usd_per_million(usd_per_gpu_hour, batch_per_gpu * tokens_per_step / step)

@@ -19,8 +19,17 @@ layers' arithmetic). Four kernel classes:
   embedding is a lookup of one row per token and is not priced.
 - ``collective``: split over N devices by tensor parallelism, every kernel does 1/N of the
   work, and each layer ends its attention and its MLP with an all-reduce of the step's
-  activations over the link (``data/links.csv``); a ring all-reduce of S bytes moves
-  2 (N - 1) / N x S bytes through each device's link.
+  activations (two calls a layer: Llama-3-70B at N = 8 makes 160 a step). Each call costs a
+  latency plus its bytes over the link (``inferlab.analysis.collectives``: the engines' custom
+  all-reduce where it runs, else NCCL's ring, at sourced latencies and bandwidths per link);
+  the kernel keeps the two apart (``latency_s`` and ``memory_s``).
+- ``dispatch`` and ``combine``: expert parallelism's all-to-alls when a step is given an
+  ``ExpertAllToAll``, one of each per MoE layer, in the precisions they travel in.
+
+Communication can hide under computation only when a step is cut into micro-batches
+(``overlapped_s``, DeepSeek's two-batch overlap): each micro-batch reads the weights and pays
+every call's latency again, and the step costs the larger of the two sums, never their sum
+minus both.
 
 A fixed ``overhead_s`` per pass (launches, Python) can be added. Precision is set separately
 for the weights, the KV cache and the arithmetic (``Precision``); the arithmetic's peak is the
@@ -39,10 +48,11 @@ from typing import Iterable
 import numpy as np
 
 from inferlab.analysis import formulas
+from inferlab.analysis.collectives import ExpertAllToAll, Link, all_reduce, ring_bytes
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
-from inferlab.data import read_table
 
 ACTIVATION_BYTES = 2  # the all-reduced activations travel in 16-bit
+COMMUNICATION = ("collective", "dispatch", "combine")   # the kernels that use the link
 
 
 @dataclass(frozen=True)
@@ -86,11 +96,16 @@ def precision(p: "Precision | str") -> Precision:
 
 
 def link_bandwidth(name: str) -> float:
-    """One direction of a link of ``data/links.csv``, in bytes/s."""
-    for row in read_table("links.csv"):
-        if row["name"] == name:
-            return float(row["bandwidth_gbs_per_direction"]) * 1e9
-    raise ValueError(f"no link {name!r} in data/links.csv")
+    """One direction of a link of ``data/links.csv``, in bytes/s (its line rate)."""
+    return Link.named(name).bandwidth
+
+
+def as_link(link: "Link | str | float") -> Link:
+    """A ``Link`` from itself, a name of ``data/links.csv``, or a bare bandwidth in bytes/s (a
+    link with no latency)."""
+    if isinstance(link, Link):
+        return link
+    return Link.named(link) if isinstance(link, str) else Link.ideal(float(link))
 
 
 @dataclass(frozen=True)
@@ -112,23 +127,25 @@ class Attention:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel class's share of a step: its FLOPs and bytes, and the time each would take
-    alone on one device's share of the work; the kernel takes the larger."""
+    alone on one device's share of the work; the kernel takes the larger. A communication
+    kernel's time is its calls' latencies plus its bytes' time on the link."""
 
     name: str
     flops: float
     bytes: float
     compute_s: float
-    memory_s: float   # for the collective: the time on the link
+    memory_s: float        # for communication: the bytes' time on the link
+    latency_s: float = 0.0  # fixed time per call, summed over the step's calls
 
     @property
     def seconds(self) -> float:
-        t = np.maximum(self.compute_s, self.memory_s)  # numbers, or arrays of shapes
+        t = np.maximum(self.compute_s, self.memory_s) + self.latency_s  # numbers or arrays
         return float(t) if np.ndim(t) == 0 else t
 
     @property
     def bound(self) -> str:
-        if self.name == "collective":
-            return "link"
+        if self.name in COMMUNICATION:
+            return "latency" if np.all(self.latency_s > self.memory_s) else "link"
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
@@ -195,18 +212,19 @@ class StepModel:
     peak_flops: float | None  # FLOP/s of one device in the precision's format (None: no figure)
     bandwidth: float          # bytes/s of one device
     devices: int = 1
-    link: float | None = None  # bytes/s one way between devices (needed when devices > 1)
+    link: Link | None = None   # between the devices (needed when devices > 1)
     overhead_s: float = 0.0
     efficiency: float = 1.0   # derates peak, bandwidth and link alike
 
     @classmethod
     def for_device(cls, config, device: "DeviceSpec | str", prec: "Precision | str" = "bf16",
-                   devices: int = 1, link: "str | float | None" = None, overhead_s: float = 0.0,
+                   devices: int = 1, link: "Link | str | float | None" = None, overhead_s: float = 0.0,
                    efficiency: float = 1.0, attention: Attention | None = None,
                    require_peak: bool = True) -> "StepModel":
         """``config`` on ``device`` (a row of ``data/hardware.csv``) at ``prec``; ``devices``
-        > 1 splits it by tensor parallelism over ``link`` (a name of ``data/links.csv``, or
-        bytes/s; by default the device's ``gpu_link``)."""
+        > 1 splits it by tensor parallelism over ``link`` (a ``Link``, a name of
+        ``data/links.csv``, or bytes/s for a link with no latency; by default the device's
+        ``gpu_link``)."""
         spec = get_device_spec(device) if isinstance(device, str) else device
         p = precision(prec)
         peak = spec.peak_flops(p.compute)
@@ -220,11 +238,11 @@ class StepModel:
                              "data/links.csv to split a model over several devices")
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency must lie in (0, 1], got {efficiency}")
-        link_bw = link_bandwidth(link) if isinstance(link, str) else link
+        link = None if link is None else as_link(link)
         head = config.vocab_size * config.d_model
         return cls(formulas.param_count(config, include_embeddings=False), head, config.d_model,
                    config.n_layers, attention or Attention.of(config, p), p, peak,
-                   spec.bandwidth, devices, link_bw, overhead_s, efficiency)
+                   spec.bandwidth, devices, link, overhead_s, efficiency)
 
     @classmethod
     def for_roof(cls, config, peak_flops: float | None, bandwidth: float,
@@ -243,14 +261,16 @@ class StepModel:
         memory = nbytes / (n * self.bandwidth * self.efficiency)
         return Kernel(name, flops, nbytes, compute, memory)
 
-    def kernels(self, shape: Shape, linear_bytes: float | None = None) -> list[Kernel]:
+    def kernels(self, shape: Shape, linear_bytes: float | None = None,
+                experts: ExpertAllToAll | None = None) -> list[Kernel]:
         """Each kernel class's FLOPs, bytes and seconds for a step of ``shape`` (the whole
         group's FLOPs and bytes; the seconds are each device's share).
 
         ``linear_bytes``: what the linear kernels read this step when it is not every linear
         weight once. A mixture of experts computes with its active parameters but reads the
         experts its batch touches, which depends on the batch
-        (``inferlab.analysis.moe_deployments``)."""
+        (``inferlab.analysis.moe_deployments``). ``experts``: this device's expert-parallel
+        dispatch and combine, for the ``shape.tokens`` tokens it holds."""
         wb, a = self.precision.bytes_per_weight, self.attention
         if linear_bytes is None:
             linear_bytes = self.linear_params * wb
@@ -261,18 +281,57 @@ class StepModel:
             self._roof("lm_head", 2 * self.head_params * shape.rows, self.head_params * wb),
         ]
         if self.devices > 1:
-            n = self.devices
-            moved = (2 * self.n_layers * 2 * (n - 1) / n
-                     * shape.tokens * self.d_model * ACTIVATION_BYTES)
-            out.append(Kernel("collective", 0.0, moved, 0.0, moved / (self.link * self.efficiency)))
+            out.append(self._all_reduces(shape.tokens))
+        if experts is not None:
+            for phase in ("dispatch", "combine"):
+                cost = experts.cost(phase, shape.tokens)
+                out.append(Kernel(phase, 0.0,
+                                  experts.layers * shape.tokens * experts.nic_bytes_per_token(phase),
+                                  0.0, experts.layers * cost.transfer_s / self.efficiency,
+                                  experts.layers * cost.latency_s))
         return out
 
-    def seconds(self, shape: Shape) -> float:
-        """THE step time: the sum of the kernels' rooflines, plus the fixed overhead."""
+    def all_reduce_calls(self) -> int:
+        """All-reduces a tensor-parallel step makes: one after attention, one after the MLP,
+        in every layer."""
+        return 2 * self.n_layers if self.devices > 1 else 0
+
+    def _all_reduces(self, tokens) -> Kernel:
+        """The step's all-reduces, each of ``tokens`` x d_model 16-bit activations: their
+        latencies, and their bytes' time on the link (bytes: the ring's 2 (N - 1) / N per
+        device, the bus bytes)."""
+        n, calls = self.devices, self.all_reduce_calls()
+        message = np.asarray(tokens) * self.d_model * ACTIVATION_BYTES
+        costs = [all_reduce(self.link, float(m), n) for m in np.ravel(message)]
+        latency = np.reshape([c.latency_s for c in costs], np.shape(message))
+        transfer = np.reshape([c.transfer_s for c in costs], np.shape(message))
+        if np.ndim(message) == 0:
+            latency, transfer = float(latency), float(transfer)
+        return Kernel("collective", 0.0, calls * ring_bytes(message, n), 0.0,
+                      calls * transfer / self.efficiency, calls * latency)
+
+    def seconds(self, shape: Shape, linear_bytes: float | None = None,
+                experts: ExpertAllToAll | None = None) -> float:
+        """THE step time: the sum of the kernels' rooflines and latencies, plus the fixed
+        overhead."""
         if np.all(np.asarray(shape.tokens) <= 0):
             return 0.0
-        total = sum(k.seconds for k in self.kernels(shape)) + self.overhead_s
+        total = sum(k.seconds for k in self.kernels(shape, linear_bytes, experts)) + self.overhead_s
         return float(total) if np.ndim(total) == 0 else total  # a number stays a Python float
+
+    def overlapped_s(self, shape: Shape, linear_bytes: float | None = None,
+                     experts: ExpertAllToAll | None = None, micro_batches: int = 2) -> float:
+        """The step cut into ``micro_batches`` whose communication runs under one another's
+        computation (DeepSeek's two-batch overlap). Each micro-batch reads the weights
+        (``linear_bytes``: one micro-batch's) and pays every call's latency again; overlap
+        hides only the smaller of computation and communication, so the step costs
+        max(sum of compute kernels, sum of communication kernels) over the micro-batches."""
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be at least 1, got {micro_batches}")
+        ks = self.kernels(shape.times(1 / micro_batches), linear_bytes, experts)
+        compute = micro_batches * sum(k.seconds for k in ks if k.name not in COMMUNICATION)
+        talk = micro_batches * sum(k.seconds for k in ks if k.name in COMMUNICATION)
+        return max(compute, talk) + self.overhead_s
 
     # --- the shapes callers ask about ---------------------------------------------------
     def rows_s(self, rows: Iterable[tuple[float, float]]) -> float:
@@ -308,7 +367,7 @@ class StepModel:
 
 def step_time(rows: Iterable[tuple[float, float]], config, device: "DeviceSpec | str",
               prec: "Precision | str" = "bf16", devices: int = 1,
-              link: "str | float | None" = None, overhead_s: float = 0.0) -> float:
+              link: "Link | str | float | None" = None, overhead_s: float = 0.0) -> float:
     """Seconds of one forward over rows of (new tokens, cached tokens) of ``config`` on
     ``device``: ``StepModel.for_device(...).rows_s(rows)``."""
     return StepModel.for_device(config, device, prec, devices, link, overhead_s).rows_s(rows)
@@ -319,6 +378,6 @@ def old_single_max(model: StepModel, shape: Shape) -> float:
     all bytes / bandwidth). Kept only to print what changed (Chapter 7's table); no caller
     uses it to time anything."""
     ks = model.kernels(shape)
-    flops, nbytes = sum(k.flops for k in ks), sum(k.bytes for k in ks if k.name != "collective")
+    flops, nbytes = sum(k.flops for k in ks), sum(k.bytes for k in ks if k.name not in COMMUNICATION)
     n = model.devices
     return max(flops / (n * model.peak_flops), nbytes / (n * model.bandwidth))

@@ -24,40 +24,48 @@ from inferlab.course.results import (COMPLETED, GRADER_ERROR, KERNEL_DIED, NOT_F
     UNREADABLE, NotebookResult, cell_name, exercises_of, identify_lab, summarise)
 
 CHECK_BUDGET_S = 180  # seconds the grader's own checks may take after the notebook has run
-NUDGE_S = 5  # while a cell runs, a kernel_info request on the shell socket every this many s
+WAIT_SLICE_S = 1.0  # the longest single wait for a kernel message; then the socket is asked
 
 
-def _nudging_client():
-    """nbclient's ``NotebookClient``, which while it waits for a cell's reply sends the kernel a
-    ``kernel_info`` request every ``NUDGE_S`` seconds on the same shell socket.
+def _sliced_client():
+    """nbclient's ``NotebookClient`` whose every wait for a kernel message (the shell reply
+    of a cell, its outputs on iopub) is a series of polls of at most ``WAIT_SLICE_S`` seconds.
 
-    ipykernel 7 can leave a request unread in its shell socket until another message arrives on
-    that socket (ipython/ipykernel issue 1554: a reply sent while the request landed consumes the
-    socket's edge-triggered wake-up). The kernel then sits idle and the cell never starts, and
-    a grader would wait out the whole budget and report a timeout the learner did not cause.
-    The request is such a message; the kernel answers it after the cell, and nbclient, which
-    matches replies to the cell's own request, ignores the answer. Nothing the cell computes
-    changes."""
-    import asyncio
+    The kernel client's sockets are ZeroMQ sockets driven by asyncio: a wait for a message
+    sleeps until the socket's file descriptor signals, and ZeroMQ signals only when the pipe
+    from the kernel turns from empty to not empty. A signal the event loop misses is not sent
+    again while the message sits unread, and later messages (a ``kernel_info`` reply, say) do
+    not signal either: the wait then lasts as long as its timeout, the whole cell's budget,
+    and ends quietly, because at its timeout the poll asks the socket once and finds the reply
+    there. A grader that waited 420 s for a cell of Lab 1 with the kernel idle, and then graded
+    it as if nothing had happened, fits that. Each poll ends by asking the socket, so here a
+    missed signal costs at most one slice; nothing a cell computes changes."""
+    import time
+    from queue import Empty
 
     from nbclient import NotebookClient
 
-    class NudgingClient(NotebookClient):
-        async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg,
-                                        task_poll_kernel_alive):
-            async def nudge():
-                while True:
-                    await asyncio.sleep(NUDGE_S)
-                    self.kc.kernel_info()
+    def sliced(get_msg):
+        async def get_msg_in_slices(timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = WAIT_SLICE_S if deadline is None else min(
+                    WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+                try:
+                    return await get_msg(timeout=left)
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+        return get_msg_in_slices
 
-            nudging = asyncio.ensure_future(nudge())
-            try:
-                return await super()._async_poll_for_reply(
-                    msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive)
-            finally:
-                nudging.cancel()
+    class SlicedClient(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            for channel in (kc.shell_channel, kc.iopub_channel):
+                channel.get_msg = sliced(channel.get_msg)
+            return kc
 
-    return NudgingClient
+    return SlicedClient
 
 
 def _grading_cell_source(params: dict) -> str:
@@ -143,7 +151,7 @@ def run_notebook(path: Path, timeout: float, kernel: str = "python3",
                 "module": module, "alias": alias, "exercises": exercises, "cells": code})
 
     env = {**os.environ, "TMPDIR": str(workdir / "tmp")}
-    client = _nudging_client()(
+    client = _sliced_client()(
         nb, kernel_name=kernel, allow_errors=True, timeout_func=remaining,
         interrupt_on_timeout=False, shutdown_kernel="immediate", record_timing=False,
         startup_timeout=max(10, min(60, math.ceil(timeout))), on_cell_start=on_cell_start,

@@ -1,29 +1,26 @@
-"""Send a trace's requests to a server at their arrival times and time every streamed token.
+"""Send a load's requests to a server at their send times and time every streamed token.
 
-Each request is an OpenAI Completions call with ``stream: true``: its prompt is token ids (so
-its length is exactly the trace's on any server that takes token-id prompts, as vLLM, SGLang
-and ours do), ``max_tokens`` its output length, and ``ignore_eos`` so that it produces them
-all. The client notes the time it sent the request and the time each chunk arrived; with one
-chunk per token (what these servers send) those are the token times of
-``inferlab.serving.metrics.RequestTiming``, measured where the user sits. Requests run as
-asyncio tasks on one ``httpx.AsyncClient``, so arrivals never wait for earlier answers
-(an open-loop load, as in vLLM's ``benchmark_serving.py``).
+Each request is an OpenAI Completions call (or, with ``endpoint="/v1/chat/completions"``, a
+Chat Completions call) with ``stream: true`` and ``stream_options.include_usage``: its prompt is
+token ids (a chat request sends the load's text of the same length as one user message, see
+``inferlab.loadgen.dataset``), ``max_tokens`` (``max_completion_tokens`` for chat, the field's
+current name) its output length, ``ignore_eos`` (vLLM's extension) unless switched off, and only
+the sampling parameters given (as ``vllm bench serve`` does, which leaves the rest to the
+server's defaults). The client notes the time it sent the request and the time each token's
+chunk arrived; with one chunk per token (what these servers send) those are the token times of
+``inferlab.serving.metrics.RequestTiming``, measured where the user sits. The last chunk's
+``usage`` gives the server's own count of the prompt's and the completion's tokens. Requests run
+as asyncio tasks on one ``httpx.AsyncClient``, so arrivals never wait for earlier answers (an
+open-loop load, as in vLLM's ``vllm bench serve``).
 
-Arrivals are Poisson at a rate (``inferlab.sim.workloads.poisson_arrivals``), all at once
-(``rate=inf``), or given (a trace with its own times). ``max_concurrency`` caps the requests in
-flight, as ``vllm bench serve --max-concurrency`` does (an ``asyncio.Semaphore`` around each
-request, in vllm/benchmarks/serve.py): a request that arrives while the cap is reached waits for
-a slot, and its clock starts when it is sent, so TTFT does not count that wait.
+``max_concurrency`` caps the requests in flight, as ``vllm bench serve --max-concurrency`` does
+(an ``asyncio.Semaphore`` around each request): a request that arrives while the cap is reached
+waits for a slot, and its clock starts when it is sent, so TTFT does not count that wait.
+``warmups`` requests (copies of the first) go out first and are not counted, as vLLM's
+``--num-warmups``; ``wait_until_ready`` polls a server that is still starting.
 
-Besides the traces, ``trace="random"`` makes vLLM's random dataset (``--dataset-name random``,
-vllm/benchmarks/datasets/random.py): each request's input and output lengths are drawn uniformly
-from [floor(n (1 - r)), ceil(n (1 + r))] around ``input_len`` and ``output_len`` with range ratio
-r (0 by default: every request the same lengths), and its prompt is random token ids.
-
-``endpoint="/v1/chat/completions"`` sends the same load as Chat Completions calls: the prompt
-becomes one user message (``chat_content``: a word per token id, so the length in tokens is
-close to, not exactly, the trace's; the server's usage reports the exact count) and the
-streamed ``chat.completion.chunk`` deltas are timed as the completion chunks are.
+A request that fails keeps why: the HTTP status and the server's message (a 429 is the server
+shedding load, not an error of the load generator), or the connection error.
 """
 
 from __future__ import annotations
@@ -35,18 +32,9 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-import numpy as np
 
-from inferlab.sim import traces, workloads
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    """One request of a load: prompt token ids, tokens to generate, when to send it (s)."""
-
-    prompt: tuple[int, ...]
-    max_tokens: int
-    send_at_s: float
+from inferlab.loadgen.dataset import (RANDOM, LoadRequest, make_load,  # noqa: F401 (the
+                                      random_lengths)                # chapter imports them here)
 
 
 @dataclass
@@ -57,6 +45,7 @@ class Outcome:
     sent_s: float = math.nan
     chunk_times_s: list[float] = field(default_factory=list)
     completion_tokens: int | None = None  # from the server's usage, when it reports one
+    prompt_tokens: int | None = None      # the server's count of the prompt (chat template in)
     status: int | None = None
     error: str | None = None
     response_id: str | None = None
@@ -65,53 +54,16 @@ class Outcome:
     def ok(self) -> bool:
         return self.error is None and bool(self.chunk_times_s)
 
-
-RANDOM = "random"  # vLLM's random dataset: lengths given, prompts random token ids
-
-
-def random_lengths(num_requests: int, input_len: int, output_len: int, range_ratio: float = 0.0,
-                   seed: int = 0) -> list[traces.TraceRow]:
-    """Input and output lengths of vLLM's random dataset: uniform integers in
-    [floor(n (1 - r)), ceil(n (1 + r))] around each length n, outputs at least 1."""
-    if not 0.0 <= range_ratio < 1.0:
-        raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
-    if input_len < 1 or output_len < 1:
-        raise ValueError(f"input and output lengths must be at least 1, got {input_len}, "
-                         f"{output_len}")
-    rng = np.random.default_rng(seed)
-    lows = [max(1, math.floor(n * (1 - range_ratio))) for n in (input_len, output_len)]
-    highs = [math.ceil(n * (1 + range_ratio)) for n in (input_len, output_len)]
-    ins = rng.integers(lows[0], highs[0] + 1, size=num_requests)
-    outs = rng.integers(lows[1], highs[1] + 1, size=num_requests)
-    return [traces.TraceRow(n, int(i), int(o)) for n, (i, o) in enumerate(zip(ins, outs))]
-
-
-def make_load(trace: str = "sharegpt_like", num_requests: int = 100, rate: float = math.inf,
-              scale: float = 1.0, max_len: int | None = None, vocab_size: int = 1000,
-              seed: int = 0, arrivals_s: list[float] | None = None,
-              input_len: int = 1024, output_len: int = 128,
-              range_ratio: float = 0.0) -> list[LoadRequest]:
-    """``num_requests`` rows of a trace of ``inferlab.sim.traces`` (lengths times ``scale``,
-    cut to ``max_len``), or of the random dataset (``trace="random"``: ``input_len``,
-    ``output_len``, ``range_ratio``), random prompts below ``vocab_size``, arriving Poisson at
-    ``rate`` per second (all at 0 for ``inf``) or at the given ``arrivals_s``."""
-    if trace == RANDOM:
-        rows = random_lengths(num_requests, input_len, output_len, range_ratio, seed)
-    elif trace in traces.WORKLOADS:
-        rows = getattr(traces, trace)(num_requests, seed=seed)
-    else:
-        raise ValueError(f"unknown trace {trace!r}; use one of "
-                         f"{sorted([*traces.WORKLOADS, RANDOM])}")
-    if scale != 1.0 or max_len is not None:
-        rows = traces.scale_lengths(rows, scale, max_len)
-    if arrivals_s is None:
-        arrivals_s = ([0.0] * num_requests if math.isinf(rate) or math.isnan(rate)
-                      else workloads.poisson_arrivals(num_requests, rate, seed))
-    if len(arrivals_s) != len(rows):
-        raise ValueError(f"{len(rows)} requests but {len(arrivals_s)} arrival times")
-    rng = np.random.default_rng(seed)
-    return [LoadRequest(tuple(int(t) for t in rng.integers(1, vocab_size, r.prompt_len)),
-                        r.output_len, float(t)) for r, t in zip(rows, arrivals_s)]
+    @property
+    def failure(self) -> str | None:
+        """Why it failed, as a class: ``HTTP 429``, ``ConnectError``, ``no tokens streamed``."""
+        if self.ok:
+            return None
+        if self.status is not None and self.status != 200:
+            return f"HTTP {self.status}"
+        if self.error:
+            return self.error.split(":")[0]
+        return "no tokens streamed"
 
 
 class ServerUnreachable(ConnectionError):
@@ -143,29 +95,44 @@ def served_model(url: str, api_key: str | None = None) -> str:
                                 "the model yourself)") from None
 
 
+def wait_until_ready(url: str, api_key: str | None = None, timeout_s: float = 0.0,
+                     poll_s: float = 1.0) -> str:
+    """``served_model``, asked again every ``poll_s`` until the server answers or ``timeout_s``
+    has passed (0: once); a server still loading its model is not yet an error."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return served_model(url, api_key)
+        except ServerUnreachable:
+            if time.monotonic() + poll_s > deadline:
+                raise
+            time.sleep(poll_s)
+
+
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 ENDPOINTS = (COMPLETIONS, CHAT)
 
 
-def chat_content(prompt: tuple[int, ...]) -> str:
-    """A chat message standing for token-id prompt ``prompt``: one short word per id."""
-    return " ".join(f"w{t}" for t in prompt)
-
-
-def request_body(model: str, req: LoadRequest, endpoint: str = COMPLETIONS) -> dict:
+def request_body(model: str, req: LoadRequest, endpoint: str = COMPLETIONS,
+                 ignore_eos: bool = True, sampling: dict | None = None) -> dict:
     """The streamed request a load sends for ``req`` to ``endpoint``."""
-    body = {"model": model, "max_tokens": req.max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+            **(sampling or {})}
+    if ignore_eos:
+        body["ignore_eos"] = True
     if endpoint == CHAT:
-        return body | {"messages": [{"role": "user", "content": chat_content(req.prompt)}]}
+        if req.text is None:
+            raise ValueError("a chat request sends text: make the load with the served model's "
+                             "tokenizer and text=True (the command does, with --tokenizer)")
+        return body | {"messages": [{"role": "user", "content": req.text}],
+                       "max_completion_tokens": req.max_tokens}
     if endpoint != COMPLETIONS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
-    return body | {"prompt": list(req.prompt)}
+    return body | {"prompt": list(req.prompt), "max_tokens": req.max_tokens}
 
 
-async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: float,
-               out: Outcome, extra: dict, endpoint: str = COMPLETIONS) -> None:
-    body = request_body(model, req, endpoint) | extra
+async def _one(client: httpx.AsyncClient, req: LoadRequest, body: dict, t0: float,
+               out: Outcome, endpoint: str) -> None:
     out.sent_s = time.perf_counter() - t0
     try:
         async with client.stream("POST", endpoint, json=body) as r:
@@ -184,6 +151,7 @@ async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: floa
                 out.response_id = chunk.get("id", out.response_id)
                 if chunk.get("usage"):
                     out.completion_tokens = chunk["usage"].get("completion_tokens")
+                    out.prompt_tokens = chunk["usage"].get("prompt_tokens")
                 choices = chunk.get("choices") or []
                 if choices and choices[0].get("finish_reason") is None:
                     out.chunk_times_s.append(now)  # a token's chunk (the last one only ends)
@@ -194,11 +162,16 @@ async def _one(client: httpx.AsyncClient, model: str, req: LoadRequest, t0: floa
 async def run_load(url: str, model: str, load: list[LoadRequest], api_key: str | None = None,
                    progress: bool = True, timeout_s: float = 600.0,
                    max_connections: int = 1000, extra: dict | None = None,
-                   max_concurrency: int | None = None,
-                   endpoint: str = COMPLETIONS) -> list[Outcome]:
-    """Send ``load`` to the server at ``url``; one ``Outcome`` per request, in order. With
-    ``max_concurrency``, at most that many requests are in flight at once; ``endpoint``:
-    ``/v1/completions`` or ``/v1/chat/completions``."""
+                   max_concurrency: int | None = None, endpoint: str = COMPLETIONS,
+                   ignore_eos: bool = True, sampling: dict | None = None,
+                   warmups: int = 0) -> list[Outcome]:
+    """Send ``load`` to the server at ``url``; one ``Outcome`` per request, in order.
+
+    With ``max_concurrency``, at most that many requests are in flight at once; ``endpoint``:
+    ``/v1/completions`` or ``/v1/chat/completions``; ``sampling``: fields such as
+    ``temperature`` or ``top_p`` sent with every request (none: the server's defaults);
+    ``extra``: any other fields; ``warmups``: copies of the first request sent and awaited
+    before the load, not counted."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
     if endpoint not in ENDPOINTS:
@@ -206,24 +179,33 @@ async def run_load(url: str, model: str, load: list[LoadRequest], api_key: str |
     from tqdm.auto import tqdm
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    bodies = [request_body(model, r, endpoint, ignore_eos, sampling) | (extra or {})
+              for r in load]
     outcomes = [Outcome(r) for r in load]
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=100)
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def limited(client, req, body, t0, out):
+        if slots is None:
+            await _one(client, req, body, t0, out, endpoint)
+        else:
+            async with slots:  # wait for a request in flight to finish
+                await _one(client, req, body, t0, out, endpoint)
+
     async with httpx.AsyncClient(base_url=url.rstrip("/").removesuffix("/v1"),
                                  headers=headers, timeout=timeout_s, limits=limits) as client:
+        if warmups and load:
+            warm = [Outcome(load[0]) for _ in range(warmups)]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(limited(client, load[0], bodies[0], t0, w) for w in warm))
         bar = tqdm(total=len(load), desc="requests", disable=not progress)
         t0 = time.perf_counter()
 
-        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-
-        async def tracked(req, out):
+        async def tracked(req, body, out):
             await asyncio.sleep(max(0.0, t0 + req.send_at_s - time.perf_counter()))
-            if slots is None:
-                await _one(client, model, req, t0, out, extra or {}, endpoint)
-            else:
-                async with slots:  # wait for a request in flight to finish
-                    await _one(client, model, req, t0, out, extra or {}, endpoint)
+            await limited(client, req, body, t0, out)
             bar.update(1)
-        await asyncio.gather(*(tracked(r, o) for r, o in zip(load, outcomes)))
+        await asyncio.gather(*(tracked(r, b, o) for r, b, o in zip(load, bodies, outcomes)))
         bar.close()
     return outcomes
 

@@ -87,6 +87,35 @@ def shared_prefix_cost(url: str, model: str, keys: list[str | None], rounds: int
     return {"mean_ttft_s": statistics.mean(times), "total_s": total, "requests": len(times)}
 
 
+def parser():
+    """The command line of ``python -m inferlab.loadgen.side_channel``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m inferlab.loadgen.side_channel",
+                                description="Run Lab 9's prefix-cache timing attack against a "
+                                "server: can one tenant tell whether another sent a prompt?")
+    p.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="the server's base URL (default %(default)s)")
+    p.add_argument("--model", default=None,
+                   help="the model to ask for (default: the first one the server lists)")
+    p.add_argument("--victim-key", required=True,
+                   help="the API key of the tenant who sends the secrets (required, no default)")
+    p.add_argument("--attacker-key", required=True,
+                   help="the API key of the tenant who probes (required, no default)")
+    p.add_argument("--trials", type=int, default=40,
+                   help="secrets, half of them sent by the victim (default %(default)s)")
+    p.add_argument("--secret-len", type=int, default=384,
+                   help="tokens in each secret prefix (default %(default)s)")
+    p.add_argument("--calibration", type=int, default=5,
+                   help="the attacker's own probe pairs (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts (default %(default)s)")
+    p.add_argument("--cost", action="store_true",
+                   help="also time two tenants sharing a system prompt (default: off)")
+    p.add_argument("--out", default=None,
+                   help="write the result as JSON here (default: not written)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> dict:
     """``python -m inferlab.loadgen.side_channel``: run the attack against a server.
 
@@ -98,24 +127,11 @@ def main(argv: list[str] | None = None) -> dict:
     Prints the attack's accuracy, the attacker's calibration and, with ``--cost``, what two
     tenants who share a system prompt pay on that server (mean TTFT and requests per second).
     """
-    import argparse
     import json
 
     from inferlab.loadgen.client import served_model
 
-    p = argparse.ArgumentParser(prog="python -m inferlab.loadgen.side_channel",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--model", default=None, help="default: the server's first model")
-    p.add_argument("--victim-key", required=True)
-    p.add_argument("--attacker-key", required=True)
-    p.add_argument("--trials", type=int, default=40)
-    p.add_argument("--secret-len", type=int, default=384, help="tokens in each secret prefix")
-    p.add_argument("--calibration", type=int, default=5, help="the attacker's own probe pairs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cost", action="store_true",
-                   help="also time two tenants sharing a system prompt")
-    p.add_argument("--out", default=None, help="write the result as JSON here")
+    p = parser()
     a = p.parse_args(argv)
     model = a.model or served_model(a.url, a.attacker_key)
     r = run_attack(a.url, model, a.victim_key, a.attacker_key, a.trials, a.secret_len,

@@ -7,6 +7,8 @@
   experts and come back with all-to-all.
 - ``runs``: the rank programs (what each process does in a run), compared with one process.
 - ``bench``: the all-reduce's bytes per token and time per call, written to ``data/measurements``.
+- ``pipeline``: how busy pipeline stages are, in a flushed batch (GPipe) and in a decoding
+  pipeline that never drains, and what a token waits (formulas, no processes).
 - ``bench_dispatch``: expert parallelism's dispatch bytes per token against the uniform-routing
   prediction, and the router's imbalance.
 
