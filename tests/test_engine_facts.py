@@ -29,7 +29,7 @@ ROLE = re.compile(r"\{engine\}`([^`]+)`")
 # other hands when the rule arrived. Empty this after merging them; a chapter leaves the set
 # when every engine statement on its pages carries a role.
 PENDING = {"book/ch01_roofline", "book/ch02_kv_cache", "book/ch03_paged_attention",
-           "book/ch04_batching", "book/ch05_quantization", "book/ch07_prefill_decode",
+           "book/ch04_batching", "book/ch05_quantization",
            "book/ch08_cost", "book/ch10_parallel"}
 
 
