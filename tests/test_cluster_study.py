@@ -38,7 +38,7 @@ def test_recomputing_a_stored_window_gives_the_stored_numbers(stored):
 
 def test_every_stored_search_brackets_its_answer(stored):
     target = 0.9
-    for row in stored["goodput"] + stored["links"]:
+    for row in stored["goodput"]:
         cap = row["capacity"]
         assert row["per_gpu"] == pytest.approx(row["rate"] / row["gpus"])
         assert cap.rate > 0 and cap.state.stable, row["design"]
@@ -49,6 +49,17 @@ def test_every_stored_search_brackets_its_answer(stored):
     assert designs == {(k, n) for k in cs.KINDS for n in cs.setup()}
     f = stored["failure"]
     assert f["lost"] > 0 and f["recompute"]["recomputed_tokens"] > f["retransfer"]["recomputed_tokens"]
+
+
+def test_the_link_study_runs_the_best_document_split_at_its_goodput_rate(stored):
+    splits = [r for r in stored["goodput"] if r["kind"] == "document" and "P" in r["design"]]
+    best = max(splits, key=lambda r: r["rate"])
+    links = {r["link"]: r for r in stored["links"]}
+    assert set(links) == {cs.LINK, *cs.LINKS}
+    for r in links.values():
+        assert (r["design"], r["rate"]) == (best["design"], best["rate"])
+    # over NVLink it is the search's own steady state at its answer, recomputed
+    assert links[cs.LINK]["state"] == best["capacity"].state
 
 
 def conserved(work: dict) -> None:

@@ -186,15 +186,30 @@ def _link(task: tuple) -> dict:
             "work": counted("document", cluster, state), "cpu_s": time.process_time() - t0}
 
 
+LOW_DESIGNS = {"1 colocated": (1, "colocated"), "1P1D": (2, "1P1D")}
+
+
+def _low(task: tuple) -> dict:
+    """(name, rate) -> one of ``LOW_DESIGNS`` at a light chat load, in steady state."""
+    name, rate = task
+    t0 = time.process_time()
+    gpus, design = LOW_DESIGNS[name]
+    cluster = setup(gpus=gpus)[design]
+    state = steady_state(workload("chat"), rate, clustered(cluster), SLOS["chat"],
+                         **steady_kw("chat"))
+    return {"name": name, "gpus": cluster.gpus, "state": state_to_dict(state),
+            "work": counted("chat", cluster, state), "cpu_s": time.process_time() - t0}
+
+
 def low_load(rate: float = LOW_RATE) -> dict:
     """One colocated GPU against a 1P1D pair at a light chat load, each in steady state."""
-    out = {}
-    for name, cluster in (("1 colocated", setup(gpus=1)["colocated"]),
-                          ("1P1D", setup(gpus=2)["1P1D"])):
-        state = steady_state(workload("chat"), rate, clustered(cluster), SLOS["chat"],
-                             **steady_kw("chat"))
-        out[name] = {"gpus": cluster.gpus, "state": state_to_dict(state),
-                     "work": counted("chat", cluster, state)}
+    return {name: _low((name, rate)) for name in LOW_DESIGNS}
+
+
+def _failure(task: tuple) -> dict:
+    t0 = time.process_time()
+    out = failure(*task)
+    out["cpu_s"] = time.process_time() - t0
     return out
 
 
@@ -242,22 +257,28 @@ def _cached(fn, task: tuple, cache) -> dict:
     return row
 
 
-def _run_all(fn, tasks: list[tuple], jobs: int, log, cache=None) -> list[dict]:
+def _run_all(fn, tasks: list[tuple], jobs: int, log, cache=None, more=()) -> list[dict]:
+    """``fn`` over ``tasks`` in ``jobs`` processes (the long documents, the costliest, first),
+    and beside them each (fn, task) of ``more``; returns the rows of ``tasks`` in order, then
+    those of ``more``."""
     def done(r):
         what = (f"{r['kind']:8s} {r['design']:9s} {r['per_gpu']:7.2f} req/s/GPU "
                 f"({len(r['capacity']['probes'])} rates tried" if "kind" in r else
-                f"document {r['design']:9s} {r['link']:24s} at {r['rate']:.2f} req/s (")
+                f"document {r['design']:9s} {r['link']:24s} at {r['rate']:.2f} req/s ("
+                if "link" in r else f"{r.get('name', 'failure')} (")
         log(f"  {what}, {r['cpu_s']:.0f} CPU-s)", flush=True)
         return r
 
+    todo = [(fn, t) for t in sorted(tasks, key=lambda t: t[0] != "document")] + list(more)
     if jobs <= 1:
-        return [done(_cached(fn, t, cache)) for t in tasks]
-    with ProcessPoolExecutor(jobs) as pool:
-        futures = {t: pool.submit(_cached, fn, t, cache)  # the long documents, the costliest,
-                   for t in sorted(tasks, key=lambda t: t[0] != "document")}   # first
-        for f in as_completed(futures.values()):
-            done(f.result())
-        return [futures[t].result() for t in tasks]
+        rows = {(f, t): done(_cached(f, t, cache)) for f, t in todo}
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            futures = {(f, t): pool.submit(_cached, f, t, cache) for f, t in todo}
+            for fut in as_completed(futures.values()):
+                done(fut.result())
+            rows = {k: fut.result() for k, fut in futures.items()}
+    return [rows[fn, t] for t in tasks] + [rows[k] for k in more]
 
 
 def run(jobs: int = 3, log=print, cache=None) -> dict:
@@ -266,23 +287,25 @@ def run(jobs: int = 3, log=print, cache=None) -> dict:
 
     t0 = time.perf_counter()
     names = list(setup())
-    rows = _run_all(_goodput, [(k, n, LINK, START[k]) for k in KINDS for n in names], jobs, log,
-                    cache)
+    tasks = [(k, n, LINK, START[k]) for k in KINDS for n in names]
+    *rows, low_colocated, low_pair = _run_all(_goodput, tasks, jobs, log, cache,
+                                              [(_low, (name, LOW_RATE)) for name in LOW_DESIGNS])
     splits = [n for n in names if "P" in n]
     best_doc = max((r for r in rows if r["kind"] == "document" and r["design"] in splits),
                    key=lambda r: r["rate"])
-    links = _run_all(_link, [(best_doc["design"], best_doc["rate"], link)
-                             for link in (LINK,) + LINKS], jobs, log, cache)
     best = max((r for r in rows if r["kind"] == "chat" and r["design"] in splits),
                key=lambda r: r["rate"])
-    log("  low load and the failure", flush=True)
+    *links, failed = _run_all(_link, [(best_doc["design"], best_doc["rate"], link)
+                                      for link in (LINK,) + LINKS], jobs, log, cache,
+                              [(_failure, (best["design"], FAILURE["share"] * best["rate"]))])
+    low = {r.pop("name"): r for r in (low_colocated, low_pair)}
     record = {"provenance": {"command": "python -m inferlab.sim.cluster_study --write",
                              "date": _dt.date.today().isoformat(), "git_commit": git_commit()},
-              "inputs": inputs(), "goodput": rows, "links": links, "low_load": low_load(),
-              "failure": failure(best["design"], FAILURE["share"] * best["rate"])}
+              "inputs": inputs(), "goodput": rows, "links": links, "low_load": low,
+              "failure": failed}
     record["seconds"] = time.perf_counter() - t0       # wall clock, with ``jobs`` processes
     record["jobs"] = jobs
-    record["cpu_s"] = sum(r["cpu_s"] for r in rows + links)  # the searches' own CPU time
+    record["cpu_s"] = sum(r["cpu_s"] for r in rows + links + list(low.values()) + [failed])
     record["cache"] = cache is not None   # some rows may come from an interrupted run's cache
     return record
 
