@@ -325,8 +325,11 @@ def load() -> dict:
     record = json.loads(data_path("simulations", NAME).read_text(encoding="utf-8"))
     for row in record["goodput"]:
         row["capacity"] = capacity_from_dict(row["capacity"])
-    for row in record["links"]:
-        row["state"] = state_from_dict(row["state"])
+    for row in record["links"]:   # a steady state per link (a record before 2026-12-02: a search)
+        if "state" in row:
+            row["state"] = state_from_dict(row["state"])
+        else:
+            row["capacity"] = capacity_from_dict(row["capacity"])
     for entry in record["low_load"].values():
         entry["state"] = state_from_dict(entry["state"])
     return record
