@@ -176,13 +176,22 @@ def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
     from inferlab.sim import cluster_study as study
 
     monkeypatch.setattr(study, "GPUS", 2)
-    monkeypatch.setattr(study, "SEARCH", dict(SMALL_SEARCH, rtol=0.2))
+    monkeypatch.setattr(study, "SEARCH", {k: dict(SMALL_SEARCH, rtol=0.2) for k in study.KINDS})
     monkeypatch.setattr(study, "workload", lambda kind: Workload.fixed(200, 20))
     row = study._goodput(("document", "1P1D", study.LINK, 4.0))
     assert row["gpus"] == 2 and row["rate"] > 0
     assert row["capacity"]["state"]["status"] == "stable"
-    f = study.failure("1P1D", 0.5 * row["rate"])
-    assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer"}
+    work = row["work"]  # the run at the answer, counted: each stored token computed once
+    assert work["requests"] == row["capacity"]["state"]["history"][-1]["n_requests"]
+    assert sum(w["prompt_tokens"] + w["decode_rows"] - w["recomputed_tokens"]
+               for w in work["instances"]) == work["baseline_tokens"] == work["requests"] * 219
+    assert work["tokens_moved"] == work["requests"] * 200 and work["recomputed_tokens"] == 0
+    f = study._failure(("1P1D", 0.5 * row["rate"]))
+    assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer", "cpu_s"}
+    link = study._link(("1P1D", row["rate"], study.LINK))  # the search's own steady state
+    assert link["state"] == row["capacity"]["state"] and link["work"] == row["work"]
+    low = study._low(("1P1D", 0.5 * row["rate"]))
+    assert low["gpus"] == 2 and low["work"]["recomputed_tokens"] == 0
 
 
 def test_the_benchmark_measures_the_engine_and_checks_its_bars(tmp_path, monkeypatch, capsys):

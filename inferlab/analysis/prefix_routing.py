@@ -13,8 +13,10 @@ fewest requests so far: the two signals cache-aware routers weigh (SGLang's rout
 router), in their simplest form. ``simulate``
 returns the share of prompt tokens served from cache, the prefill tokens computed, the load
 of each replica (so that a router that wins hits by piling work onto one replica shows it) and
-each request's cached and new tokens; ``priced`` turns those into TTFT and dollars with the
-course's one step-time model.
+each request's cached and new tokens; ``priced`` turns those into time and dollars with the
+course's one step-time model, inside a batched engine: a busy replica packs the uncached tokens
+of its requests into steps of a token budget (chunked prefill, Chapter 7), and each step reads
+the weights once for all its rows.
 """
 
 from __future__ import annotations
@@ -112,18 +114,46 @@ def simulate(workload: ChatWorkload, replicas: int, capacity: int, router: str,
             "requests": served}
 
 
-def priced(result: dict, model, usd_per_hour: float) -> dict:
+def batched_steps(requests: list[tuple[int, int]], token_budget: int) -> list[list[tuple]]:
+    """A busy replica's prefill work as an engine with a token budget runs it: the requests'
+    ``(cached, new)`` tokens, in arrival order, packed into steps of at most ``token_budget``
+    new tokens; a request that does not fit what is left of a step is cut, and its next chunk
+    starts the following step over what is cached by then. Returns each step's rows
+    ``(new tokens, cached tokens)``."""
+    steps, rows, room = [], [], token_budget
+    for cached, new in requests:
+        while new:
+            take = min(new, room)
+            rows.append((take, cached))
+            cached, new, room = cached + take, new - take, room - take
+            if room == 0:
+                steps.append(rows)
+                rows, room = [], token_budget
+    if rows:
+        steps.append(rows)
+    return steps
+
+
+def priced(result: dict, model, usd_per_hour: float, token_budget: int = 2048) -> dict:
     """Time and money of a ``simulate`` result on ``model`` (a ``step_time.StepModel``).
 
-    Each request's prefill is one forward of its uncached tokens over its cached ones
-    (``StepModel.rows_s([(new, cached)])``), and its TTFT is taken as that forward alone: no
-    queueing behind other requests and no decode step, so the figure isolates what a cache hit
-    saves. GPU-seconds are the sum of the prefills over all replicas; at ``usd_per_hour`` per
-    device they give dollars per million prompt tokens."""
-    ttft = np.array([model.rows_s([(new, cached)]) for _, cached, new in result["requests"]])
-    gpu_s = float(ttft.sum())
+    GPU time is priced inside a batched engine: each replica's requests are packed into steps
+    of ``token_budget`` tokens (``batched_steps``), each step one forward over its rows
+    (``StepModel.rows_s``), so the weights are read once per step and shared by every request
+    in it, as a busy engine shares them. At ``usd_per_hour`` per device the summed steps give
+    dollars per million prompt tokens. ``gpu_s_alone`` prices the same requests as prefills of
+    their own, one forward each (what an idle replica spends): the weight read is then paid per
+    request. ``ttft_s`` is that lone forward: the first token's time on an idle replica, no
+    queueing, which isolates what a cache hit saves a user.
+    """
+    requests = result["requests"]
+    ttft = np.array([model.rows_s([(new, cached)]) for _, cached, new in requests])
+    replicas = sorted({r for r, _, _ in requests})
+    gpu_s = sum(model.rows_s(rows) for r in replicas for rows in batched_steps(
+        [(cached, new) for rr, cached, new in requests if rr == r], token_budget))
     return {"router": result["router"], "hit_rate": result["hit_rate"],
+            "token_budget": token_budget,
             "ttft_mean_s": float(ttft.mean()), "ttft_p90_s": float(np.percentile(ttft, 90)),
-            "gpu_s": gpu_s,
+            "gpu_s": float(gpu_s), "gpu_s_alone": float(ttft.sum()),
             "usd_per_m_input": usd_per_hour / 3600 * gpu_s / result["prompt_tokens"] * 1e6,
             "ttft_s": ttft}

@@ -5,6 +5,8 @@ Read in this order: ``traces`` (ShareGPT- and Alpaca-like request lengths), ``wo
 Chapter 7's streams and mixed trace), ``memory_sim`` (the engine's scheduler and loop under
 four reservation schemes, recording where KV memory goes), ``simulator`` (the same loop on a
 virtual clock with fitted or roofline step costs; it returns the ``Run`` that ``serve`` does),
+``work`` (what each simulated instance computed and moved, counted row by row against a ledger
+of the K/V computed so far, the counts every simulated conclusion is checked by),
 ``steady_state`` (the one steady-state machinery: a window between warm-up and drain over any
 run, a trace grown until it stops changing, the highest rate within an SLO), ``records``
 (its results to JSON and back), ``sweeps``

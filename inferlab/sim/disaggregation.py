@@ -20,34 +20,46 @@ clock, and one loop steps them on a common timeline, always the instance that ca
   (``router="round_robin"`` ignores the load).
 - KV transfer. ``kv_bytes_per_token`` (``inferlab.analysis.formulas.kv_bytes_per_token``) times
   the tokens computed, over the prefill instance's link at ``link_bandwidth`` bytes/s (a row of
-  ``data/links.csv``), one transfer after another. The request joins the decode instance's
-  queue when its transfer ends and waits there for memory like any arrival.
+  ``data/links.csv``), one transfer after another, the whole cache once the prefill is done (as
+  vLLM's NIXL connector does by default: the decode instance reads the blocks after the prefill
+  returns; Splitwise instead streams each layer's share while the next layer computes). The
+  request joins the decode instance's queue when its transfer ends, with ``num_computed`` set to
+  the tokens it brings, and waits there for memory like any arrival; admission keeps them
+  (``inferlab.serving.scheduler.Scheduler.admit``), so the decode instance computes only the
+  output rows.
 - Failure. ``Failure`` kills a decode instance at its first step boundary at or after ``at_s``,
   with everything on it. Each of its requests keeps the tokens already streamed and resumes by
   ``recompute`` (a prefill instance recomputes prompt and generated tokens, then the cache is
   sent again) or ``retransfer`` (the prefill side kept the prompt's cache, as Mooncake's store
   does: it is sent again, and the decode instance recomputes only the generated tokens).
 
+- Counts. Every instance counts what its runner computed and what crossed its link
+  (``inferlab.sim.work``); ``ClusterRun.instances`` holds them, failed instances included, and
+  ``recomputed_tokens`` is what the runners computed beyond each token once, never a number
+  added by hand.
+
 ``clustered`` hands a cluster to the steady-state machinery (``inferlab.sim.steady_state``), and
 ``inferlab.sim.goodput`` finds the highest arrival rate it serves within an SLO (DistServe's
 goodput); divided by the cluster's GPUs it compares designs at equal cost.
 Simplifications: one GPU per instance, no tensor or pipeline parallelism; a prefill instance
-frees a request's blocks when it finishes, not when its transfer ends; transfers have no fixed
-latency.
+frees a request's blocks when it finishes, not when its transfer ends (vLLM's prefill instance
+holds them until the decode instance has read them); a transfer costs its bytes over the link
+and nothing more: no fixed per-transfer latency (no published figure for NIXL's or Mooncake's
+transfer engines was found to put here) and no hop through a router.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request, Sequence
 from inferlab.serving.run import Result, Run
-from inferlab.serving.scheduler import Scheduler
 from inferlab.sim.simulator import CostModel, SimRunner
+from inferlab.sim.work import CountingScheduler, Ledger, Work
 
 
 @dataclass(frozen=True)
@@ -110,31 +122,67 @@ class Failure:
 
 @dataclass
 class ClusterRun:
-    """A cluster's run: the requests' ``Run`` and what moved between instances."""
+    """A cluster's run: the requests' ``Run``, what each instance computed and moved
+    (``instances``, one ``inferlab.sim.work.Work`` each, a failed one included), and the
+    failure's toll.
+
+    ``recomputed_tokens`` is what the runners computed beyond each token once (counted row by
+    row); ``forced_recompute`` is what the mechanism says they must recompute: the K/V that
+    preemptions dropped, plus the K/V the failed instance held, less what the failure's resume
+    brought back (the prompt's cache, for a retransfer). The two are equal in a correct run.
+    """
 
     run: Run
     cluster: Cluster
-    transfers: int = 0
-    transfer_bytes: float = 0.0
+    instances: list[Work] = field(default_factory=list)
     transfer_s: float = 0.0        # summed over transfers, queueing on the link excluded
     link_wait_s: float = 0.0       # summed time transfers waited for a busy link
-    recomputed_tokens: int = 0     # tokens whose K/V were computed again after the failure
     lost: tuple = ()               # request indices that were on the failed instance
+    lost_tokens: int = 0           # K/V tokens the failed instance held for them
+    kept_tokens: int = 0           # of theirs, K/V their resume brought back (retransfer)
+
+    @property
+    def transfers(self) -> int:
+        return sum(w.transfers_out for w in self.instances)
+
+    @property
+    def transfer_bytes(self) -> float:
+        return sum(w.bytes_out for w in self.instances)
+
+    @property
+    def tokens_moved(self) -> int:
+        return sum(w.tokens_out for w in self.instances)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(w.recomputed_tokens for w in self.instances)
+
+    @property
+    def forced_recompute(self) -> int:
+        return sum(w.dropped_tokens for w in self.instances) + self.lost_tokens - \
+            self.kept_tokens
+
+    def work(self, role: str) -> list[Work]:
+        """The instances of ``role`` ("prefill", "decode" or "colocated"), failed ones too."""
+        return [w for w in self.instances if w.name.split()[0] == role]
 
     def slo_attainment(self, slo: SLO) -> float:
         return self.run.summary(slo).slo_attainment
 
 
 class _Node:
-    """One instance: its role, its ``StepLoop`` on its own clock, and its outgoing link."""
+    """One instance: its role, its ``StepLoop`` on its own clock, its outgoing link, and the
+    counts of what it computed and moved (``work``, on the cluster's one ``ledger``)."""
 
     def __init__(self, role: str, index: int, config: ServingConfig, costs: CostModel,
-                 start_s: float = 0.0, on_token=None):
+                 ledger: Ledger, start_s: float = 0.0, on_token=None):
         self.role, self.index, self.config, self.costs = role, index, config, costs
         self.clock = VirtualClock()
         self.clock.skip_to(start_s)
-        self.scheduler = Scheduler(config)
-        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None)
+        self.work = Work(f"{role} {index}", ledger=ledger)
+        self.scheduler = CountingScheduler(config, self.work)
+        runner = SimRunner(costs, self.clock, chunked=config.token_budget is not None,
+                           work=self.work)
         self.server = StepLoop(self.scheduler, runner, self.clock, on_token=on_token)
         self.alive, self.link_free_s = True, 0.0
 
@@ -155,12 +203,14 @@ class _Sim:
         c = cluster
         self.requests, self.cluster, self.failure = requests, c, failure
         self.times: dict[int, list[float]] = {}  # every token's time, on whichever instance
-        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs, on_token=self.stamp)  # noqa
+        self.ledger = Ledger()
+        make = lambda role, n, cfg: [_Node(role, i, cfg, c.costs, self.ledger,  # noqa: E731
+                                           on_token=self.stamp)
                                      for i in range(n)]
         self.front = make("colocated", c.colocated, c.colocated_config) or \
             make("prefill", c.prefill, c.prefill_config)
         self.back = make("decode", c.decode, c.decode_config)
-        self.retired: list[StepLoop] = []  # the loops of failed instances
+        self.retired: list[_Node] = []  # failed instances (their stamps and work count)
         self.served_by: dict[int, _Node] = {}
         self.final: dict[int, Sequence] = {}
         self.turn = 0
@@ -199,11 +249,12 @@ class _Sim:
         end = start + nbytes / c.link_bandwidth
         src.link_free_s = end
         o = self.out
-        o.transfers, o.transfer_bytes = o.transfers + 1, o.transfer_bytes + nbytes
         o.transfer_s, o.link_wait_s = o.transfer_s + end - start, o.link_wait_s + start - ready_s
         seq = Sequence(i, Request(r.prompt, r.max_new_tokens, r.arrival_s), output=list(output),
                        num_computed=computed)
-        self.pick(self.back, ready_s).server.submit(seq, end)
+        dest = self.pick(self.back, ready_s)
+        src.work.send(dest.work, tokens, nbytes)
+        dest.server.submit(seq, end)
         self.served_by[i] = src
 
     def finished(self, node: _Node, seq: Sequence) -> None:
@@ -219,23 +270,25 @@ class _Sim:
         t = max(f.at_s, node.clock.now())
         lost = node.scheduler.running + node.scheduler.waiting + node.server.pending
         node.alive = False
-        self.retired.append(node.server)
-        self.out.lost = tuple(sorted(s.seq_id for s in lost))
+        node.work.name += " (failed)"
+        self.retired.append(node)
+        o = self.out
+        o.lost = tuple(sorted(s.seq_id for s in lost))
         for seq in lost:
             i, r = seq.seq_id, self.requests[seq.seq_id]
-            if f.mode == "recompute":
+            o.lost_tokens += seq.num_computed  # the K/V it held there (0 if it was preempted)
+            if f.mode == "recompute":  # a prefill instance computes it all again
                 self.submit_front(i, seq.output, t)
-                self.out.recomputed_tokens += len(r.prompt) + len(seq.output)
-            else:
+            else:  # the prompt's cache, kept on the prefill side, is sent again
+                o.kept_tokens += len(r.prompt)
                 self.transfer(self.served_by[i], i, len(r.prompt), t, seq.output,
                               len(r.prompt))
-                self.out.recomputed_tokens += len(seq.output)
         self.revive_at = t + f.down_s
 
     def revive(self) -> None:
         f, t = self.failure, self.revive_at
         self.back[f.instance] = _Node("decode", f.instance, self.cluster.decode_config,
-                                      self.cluster.costs, t, on_token=self.stamp)
+                                      self.cluster.costs, self.ledger, t, on_token=self.stamp)
         self.revive_at = None
         parked, self.parked = self.parked, []
         for src, i, tokens, ready_s, output, computed in parked:
@@ -276,6 +329,7 @@ class _Sim:
         self.times.setdefault(seq.seq_id, []).append(time_s)
 
     def collect(self) -> ClusterRun:
+        self.out.instances = [n.work for n in self.front + self.back + self.retired]
         results = []
         for i, r in enumerate(self.requests):
             seq = self.final[i]
@@ -302,11 +356,13 @@ def clustered(cluster: Cluster):
 
 def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int = 128,
             token_budget: int = 512, prefill_budget: int = 8192, decode_budget: int = 256,
-            dtype: str = "bfloat16", efficiency: float = 1.0) -> dict[str, Cluster]:
+            dtype: str = "bfloat16", efficiency: float = 1.0,
+            more_budgets: tuple[int, ...] = ()) -> dict[str, Cluster]:
     """The designs Chapter 7 compares on ``gpus`` GPUs of ``spec`` (a ``DeviceSpec``) serving
-    ``model_config``, at the roofline (``inferlab.analysis.step_time.StepModel``) derated by ``efficiency``:
-    "colocated" (Chapter 4's engine), "chunked" (a token budget of ``token_budget``) and every
-    split "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
+    ``model_config``, at the roofline (``inferlab.analysis.step_time.StepModel``) derated by
+    ``efficiency``: "colocated" (Chapter 4's engine), "chunked" (a token budget of
+    ``token_budget``), "chunked B" for each budget B of ``more_budgets``, and every split
+    "xPyD" with x + y = ``gpus`` over links of ``link_bandwidth`` bytes/s.
 
     Every instance holds the KV blocks that fit beside the weights
     (``inferlab.analysis.capacity.kv_blocks_for_device``) and batches up to ``max_batch``
@@ -322,6 +378,9 @@ def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int
     out = {"colocated": Cluster(costs, colocated=gpus, colocated_config=base),
            "chunked": Cluster(costs, colocated=gpus, colocated_config=base.replace(
                policy="chunked", token_budget=token_budget))}
+    for b in more_budgets:
+        out[f"chunked {b}"] = Cluster(costs, colocated=gpus, colocated_config=base.replace(
+            policy="chunked", token_budget=b))
     for p in range(1, gpus):
         out[f"{p}P{gpus - p}D"] = Cluster(
             costs, prefill=p, decode=gpus - p,

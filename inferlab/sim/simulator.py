@@ -42,7 +42,7 @@ from inferlab.serving.policies import Span
 from inferlab.serving.request import Request, Sequence, longest_tokens
 from inferlab.serving.run import Run
 from inferlab.serving.runner import ModelRunner
-from inferlab.serving.scheduler import Scheduler
+from inferlab.sim.work import CountingScheduler, Work
 from inferlab.timing import time_fn
 
 
@@ -236,11 +236,14 @@ class SimRunner(Runner):
     row.prefill``); the others are prompt work. Without a token budget
     (``chunked=False``) a forward of prompt work is one whole prompt, priced by
     ``costs.prefill_s``, and a forward of decodes by ``costs.decode_s``; with one, every forward
-    is priced by ``costs.step_s``.
+    is priced by ``costs.step_s``. Every forward it charges is counted in ``work``
+    (``inferlab.sim.work.Work``: tokens computed, first time or again, and forwards).
     """
 
-    def __init__(self, costs: CostModel, clock: VirtualClock, chunked: bool = False):
+    def __init__(self, costs: CostModel, clock: VirtualClock, chunked: bool = False,
+                 work: Work | None = None):
         self.costs, self.clock, self.chunked = costs, clock, chunked
+        self.work = Work() if work is None else work
 
     def forward(self, rows: list[Span]) -> list[int]:
         context = sum(r.seq.table.num_tokens for r in rows if not r.prefill)
@@ -251,17 +254,20 @@ class SimRunner(Runner):
             seconds = self.costs.decode_s(len(rows), context)
         else:
             seconds = self.costs.prefill_s(rows[0].seq.num_tokens)
+        self.work.record(rows, seconds)
         self.clock.advance(seconds)
         return [0] * len(rows)
 
 
-def simulate(requests: list[Request], costs: CostModel, config: ServingConfig) -> Run:
+def simulate(requests: list[Request], costs: CostModel, config: ServingConfig,
+             work: Work | None = None) -> Run:
     """Replay ``requests`` through the real scheduler and loop with step times from ``costs``.
 
     Prompts only need the right length (token values are ignored): see
     ``inferlab.sim.workloads.trace_requests``. Returns the ``Run`` that ``serve`` would, on a
-    virtual clock.
+    virtual clock; ``work``, if given, receives the counts of what was computed.
     """
     clock = VirtualClock()
-    runner = SimRunner(costs, clock, chunked=config.token_budget is not None)
-    return StepLoop(Scheduler(config), runner, clock).run(list(requests))
+    work = Work("engine") if work is None else work
+    runner = SimRunner(costs, clock, chunked=config.token_budget is not None, work=work)
+    return StepLoop(CountingScheduler(config, work), runner, clock).run(list(requests))
