@@ -64,6 +64,7 @@ def truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     kept = vals * keep
     kept = kept / kept.sum(-1, keepdim=True)
     keep &= (kept.cumsum(-1) - kept) < top_p.view(-1, 1)  # mass before it is still short of p
+    keep[:, 0] = True  # the likeliest token stays, even for a top_p that rounds to 0 in float32
     return torch.zeros_like(probs).scatter(-1, idx, vals * keep)
 
 
