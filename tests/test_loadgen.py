@@ -109,7 +109,7 @@ def test_report_and_table_from_known_times():
     assert row["in_slo_req_s"] == pytest.approx(1 / 0.7)
     assert row["slo_attainment"] == pytest.approx(1 / 3)
     text = table(row)
-    assert "TTFT" in text and "goodput 1.43 req/s" in text and "std" in text.splitlines()[0]
+    assert "TTFT" in text and "in-SLO rate (vLLM's request goodput) 1.43 req/s" in text and "std" in text.splitlines()[0]
     assert "1 failed (HTTP 429 Too Many Requests x 1)" in text
 
 

@@ -203,6 +203,21 @@ def test_prefix_cache_salted_per_tenant_gives_the_same_tokens():
         assert hits == (2 if not salted else 1) * prompt_blocks
 
 
+def test_cache_salt_is_a_secret_per_tenant_not_the_name():
+    """A client who knows a tenant's name cannot compute its salt: the salt is an HMAC of the
+    name under the server's secret, stable per tenant, distinct across tenants and secrets."""
+    keys = {"ka": "alice", "kb": "bob"}
+    one, other = Tenants(keys, salted=True), Tenants(keys, salted=True)
+    assert Tenants(keys).cache_salt("alice") is None          # unsalted: the shared namespace
+    salt = one.cache_salt("alice")
+    assert salt == one.cache_salt("alice") != one.cache_salt("bob")
+    assert "alice" not in salt and len(bytes.fromhex(salt)) == 32   # 256 bits, not the name
+    assert other.cache_salt("alice") != salt                  # another server's secret
+    fixed = Tenants(keys, salted=True, salt_secret=b"k" * 32)
+    assert fixed.cache_salt("alice") == Tenants(keys, salted=True,
+                                                salt_secret=b"k" * 32).cache_salt("alice")
+
+
 def test_300_streams_32_clients_a_tenth_hang_up(server):
     """The bar: every completed stream equals offline serve; aborted ones leak no block."""
     srv, engine = server

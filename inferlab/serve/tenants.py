@@ -8,11 +8,16 @@ of starving the others. And each tenant gets a *cache salt*: a prefix cache keye
 (salt, tokens) only lets requests of the same tenant share blocks, which closes the timing side
 channel a shared prefix cache opens (another tenant's fast TTFT tells you its prompt was
 cached). vLLM calls this per-request value ``cache_salt``; a shared cache is the default there,
-as here.
+as here. The salt must be one a client cannot choose or guess: the server derives it from the
+authenticated tenant and a secret of its own (an HMAC), never from the request body, so an
+attacker who knows a tenant's name still cannot enter that tenant's namespace.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import threading
 from collections import Counter
 
@@ -30,16 +35,18 @@ class Tenants:
 
     ``keys`` maps API key to tenant name (None: an open server, one tenant ``default``);
     ``max_in_flight`` caps each tenant's concurrent requests (None: no cap); ``salted`` gives
-    each tenant its own prefix-cache namespace.
+    each tenant its own prefix-cache namespace, whose salt is an HMAC-SHA256 of the tenant's
+    name under ``salt_secret`` (32 random bytes drawn per server when None).
     """
 
     def __init__(self, keys: dict[str, str] | None = None, max_in_flight: int | None = None,
-                 salted: bool = False):
+                 salted: bool = False, salt_secret: bytes | None = None):
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.keys = dict(keys) if keys else None
         self.max_in_flight = max_in_flight
         self.salted = salted
+        self._salt_secret = secrets.token_bytes(32) if salt_secret is None else bytes(salt_secret)
         self.in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -64,8 +71,14 @@ class Tenants:
         return self.keys[key.strip()]
 
     def cache_salt(self, tenant: str) -> str | None:
-        """The salt of the tenant's prefix-cache namespace (None: the shared namespace)."""
-        return tenant if self.salted else None
+        """The salt of the tenant's prefix-cache namespace (None: the shared namespace).
+
+        A 256-bit HMAC of the tenant's name under the server's secret: the same tenant always
+        gets the same salt, and no one without the secret can compute another tenant's.
+        """
+        if not self.salted:
+            return None
+        return hmac.new(self._salt_secret, tenant.encode(), hashlib.sha256).hexdigest()
 
     def acquire(self, tenant: str) -> None:
         """Count one more request of ``tenant`` in flight, or raise TenantLimitError."""
