@@ -27,7 +27,7 @@ import torch
 from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
                                               paged_decode)
-from inferlab.serving.shared_prefix import attention_with_lse, bytes_read, merge
+from inferlab.serving.shared_prefix import bytes_read, shared_prefix_decode
 from inferlab.timing import time_fn
 
 
@@ -79,14 +79,7 @@ def paths(x: dict) -> dict:
     def shared_prefix():
         kp, vp = gather_blocks(k_pool, v_pool, x["prefix_tiles"], 1, pre_buf)  # (1, K, P, D)
         ks, vs = gather_blocks(k_pool, v_pool, x["suffix_tiles"], B, suf_buf)  # (B, K, L, D)
-        qk = q[:, :, 0].view(B, K, G, D)
-        o_pre, l_pre = attention_with_lse(qk.permute(1, 2, 0, 3).reshape(K, G * B, D),
-                                          kp[0], vp[0])
-        o_pre = o_pre.view(K, G, B, D).permute(2, 0, 1, 3)
-        l_pre = l_pre.view(K, G, B).permute(2, 0, 1)
-        o_suf, l_suf = attention_with_lse(qk, ks, vs, x["suffix_mask"][:, None, None, :])
-        out, _ = merge(o_pre, l_pre, o_suf, l_suf)
-        return out.reshape(B, H, D)
+        return shared_prefix_decode(q[:, :, 0], kp[0], vp[0], ks, vs, x["suffix_mask"])
 
     return {"per_sequence": per_sequence, "shared_prefix": shared_prefix}
 

@@ -212,18 +212,12 @@ def cascade_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     head), each row's own blocks in place (``paged_decode``), the two merged by their
     log-sum-exp (``inferlab.serving.shared_prefix``). (d, H, 1, D), equal to ``paged_decode``
     over the whole tables."""
-    from inferlab.serving.shared_prefix import attention_with_lse, merge
+    from inferlab.serving.shared_prefix import merge, prefix_attention
 
-    d, H, _, D = q.shape
-    K = k_pool.shape[1]
-    G = H // K
     o_own, lse_own = paged_decode(q, k_pool, v_pool, meta.key_rows, meta.value_rows,
                                   meta.decode_mask, return_lse=True)
     kp, vp = gather_blocks(k_pool, v_pool, meta.prefix_tiles, 1, buffers)  # (1, K, P, D)
-    rows = q[:, :, 0].reshape(d, K, G, D).permute(1, 2, 0, 3).reshape(K, G * d, D)
-    o_pre, lse_pre = attention_with_lse(rows, kp[0], vp[0])               # (K, G*d, D)
-    o_pre = o_pre.view(K, G, d, D).permute(2, 0, 1, 3).reshape(d, H, D)
-    lse_pre = lse_pre.view(K, G, d).permute(2, 0, 1).reshape(d, H)
+    o_pre, lse_pre = prefix_attention(q[:, :, 0], kp[0], vp[0])
     out, _ = merge(o_pre, lse_pre, o_own[:, :, 0], lse_own)
     return out.unsqueeze(2)
 

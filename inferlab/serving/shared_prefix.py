@@ -62,6 +62,20 @@ def merge(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,
     return out, m + torch.log(total)
 
 
+def prefix_attention(q: torch.Tensor, k_prefix: torch.Tensor,
+                     v_prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's queries q (B, H, D) over one shared prefix k_prefix, v_prefix (K, P, D), read
+    once: per KV head, the G x B queries that share it are the rows of one product. Returns the
+    output (B, H, D) and each query's log-sum-exp (B, H), to merge with the rest of its keys."""
+    B, H, D = q.shape
+    K = k_prefix.shape[0]
+    G = H // K
+    rows = q.reshape(B, K, G, D).permute(1, 2, 0, 3).reshape(K, G * B, D)
+    out, lse = attention_with_lse(rows, k_prefix, v_prefix)               # (K, G*B, D), (K, G*B)
+    return (out.view(K, G, B, D).permute(2, 0, 1, 3).reshape(B, H, D),
+            lse.view(K, G, B).permute(2, 0, 1).reshape(B, H))
+
+
 def shared_prefix_decode(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
                          k_suffix: torch.Tensor, v_suffix: torch.Tensor,
                          suffix_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,15 +85,10 @@ def shared_prefix_decode(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torc
     each row over its prefix and suffix together."""
     B, H, D = q.shape
     K = k_prefix.shape[0]
-    G = H // K
-    # the prefix once: each KV head's G x B queries as the rows of one product
-    q_by_kv = q.view(B, K, G, D).permute(1, 2, 0, 3).reshape(K, G * B, D)
-    o_pre, lse_pre = attention_with_lse(q_by_kv, k_prefix, v_prefix)     # (K, G*B, D), (K, G*B)
-    o_pre = o_pre.view(K, G, B, D).permute(2, 0, 1, 3).reshape(B, H, D)
-    lse_pre = lse_pre.view(K, G, B).permute(2, 0, 1).reshape(B, H)
+    o_pre, lse_pre = prefix_attention(q, k_prefix, v_prefix)  # the prefix once
     # each row's suffix: its G query heads per KV head over its own keys
     mask = None if suffix_mask is None else suffix_mask[:, None, None, :]  # (B, 1, 1, L)
-    o_suf, lse_suf = attention_with_lse(q.view(B, K, G, D), k_suffix, v_suffix, mask)
+    o_suf, lse_suf = attention_with_lse(q.view(B, K, H // K, D), k_suffix, v_suffix, mask)
     out, _ = merge(o_pre, lse_pre, o_suf.reshape(B, H, D), lse_suf.reshape(B, H))
     return out
 
