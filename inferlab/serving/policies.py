@@ -161,11 +161,13 @@ def chunked_policy(sched, now: float = 0.0) -> Step:
     """Chunked prefill (Sarathi-Serve's stall-free batching): one forward pass of at most
     ``sched.token_budget`` tokens a step, the decodes first, then prefill chunks oldest first."""
     step = Step()
-    begun = [s for s in sched.running if sched.is_prefilling(s)]  # prompts chunked earlier
+    # the prompts whose chunks began in earlier steps
+    begun = [s for s in sched.running if sched.is_prefilling(s)]
     _schedule_decodes(sched, step, skip_prefilling=True)
     budget = sched.token_budget - len(step.decodes)
     for seq in begun:
-        if seq.status is Status.RUNNING and budget > 0:  # not preempted above
+        # a prompt that the decodes preempted above is waiting again: skip it
+        if seq.status is Status.RUNNING and budget > 0:
             n = min(seq.num_uncomputed, budget)
             step.prefill(seq, n)
             budget -= n
