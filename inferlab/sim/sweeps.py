@@ -27,6 +27,7 @@ from pathlib import Path
 
 from inferlab.analysis import formulas
 from inferlab.analysis.capacity import kv_blocks_for_device
+from inferlab.analysis.column import Table
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.analysis.step_time import StepModel
 from inferlab.data import data_path
@@ -171,29 +172,38 @@ def save(sweep: Sweep, out: Path | None = None) -> Path:
     return out
 
 
-def table(sweep: Sweep) -> str:
-    """The sweep as text: one line per policy and rate, then the SLO capacities."""
+def windows(sweep: Sweep) -> Table:
+    """The sweep's steady states, one row per policy and rate: a ``Table`` (HTML in a
+    notebook, aligned text when printed), captioned with the setup and the SLO."""
     s = sweep.setup
-    lines = [f"{s.model} on {s.device} (roofline), ShareGPT-like, max batch {s.max_batch}; "
-             f"SLO TTFT <= {s.slo_ttft_s:g} s, TPOT <= {s.slo_tpot_s * 1e3:g} ms for "
-             f"{s.target:.0%} of requests",
-             f"{'policy':10s} {'req/s':>6s} {'status':>13s} {'requests':>8s} {'offered':>8s} "
-             f"{'achieved':>8s} {'p50 lat':>8s} {'p99 lat':>8s} {'in SLO':>7s}"]
-    for policy, states in sweep.states.items():
-        for st in states:
-            w = st.window
-            lines.append(f"{policy:10s} {st.rate:6g} {st.status:>13s} {w.n_requests:8d} "
-                         f"{w.offered_out_tok_s:8,.0f} {w.achieved_out_tok_s:8,.0f} "
-                         f"{w.latency.p50:7.1f}s {w.latency.p99:7.1f}s {w.slo_attainment:7.0%}")
-    lines.append("(offered and achieved: output tokens/s)")
+    rows = [(policy, f"{st.rate:g}", st.status, f"{st.window.n_requests:,}",
+             f"{st.window.offered_out_tok_s:,.0f}", f"{st.window.achieved_out_tok_s:,.0f}",
+             f"{st.window.latency.p50:.1f}", f"{st.window.latency.p99:.1f}",
+             f"{st.window.slo_attainment:.0%}")
+            for policy, states in sweep.states.items() for st in states]
+    return Table(rows, ["policy", "req/s", "status", "requests", "offered tok/s",
+                        "achieved tok/s", "p50 latency (s)", "p99 latency (s)", "in SLO"],
+                 caption=f"{s.model} on {s.device} (roofline), ShareGPT-like, max batch "
+                         f"{s.max_batch}; SLO TTFT <= {s.slo_ttft_s:g} s, TPOT <= "
+                         f"{s.slo_tpot_s * 1e3:g} ms for {s.target:.0%} of requests")
+
+
+def capacity_lines(sweep: Sweep) -> list[str]:
+    """Each policy's highest rate within the SLO, one sentence a policy."""
+    lines = []
     for policy, cap in sweep.capacities.items():
         if cap.state is None:
             lines.append(f"{policy}: no rate swept met the SLO (capacity below "
-                         f"{min(s.rates):g} req/s)")
+                         f"{min(sweep.setup.rates):g} req/s)")
         else:
             lines.append(f"{policy}: highest rate within the SLO {cap.rate:.2f} req/s "
                          f"({len(cap.probes)} rates probed)")
-    return "\n".join(lines)
+    return lines
+
+
+def table(sweep: Sweep) -> str:
+    """The sweep as text: its steady states (``windows``), then the SLO capacities."""
+    return "\n".join([str(windows(sweep)), *capacity_lines(sweep)])
 
 
 def main(argv: list[str] | None = None) -> None:
