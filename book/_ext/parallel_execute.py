@@ -1,0 +1,142 @@
+"""Execute the pages a build is about to read on every core, before Sphinx reads them.
+
+With ``execute_notebooks: cache``, myst-nb executes a notebook page when Sphinx reads it, one
+page after another, and stores the executed notebook in jupyter-cache under a hash of its code.
+Most pages spend their time in one Python thread (a kernel starting, imports, a simulator's
+loop), so on a machine with two cores half of it sits idle for the whole build.
+
+At ``env-before-read-docs`` this extension reads each page Sphinx is about to read as myst-nb
+will (same reader, same kernel alias, same per-notebook settings), leaves out what myst-nb would
+not execute (another execution mode, an ``execute: exclude_patterns`` match, a notebook the cache
+already holds) and executes the rest in worker processes, one per core, storing each success in
+the same cache exactly as myst-nb does. When Sphinx then reads a page, myst-nb finds it cached.
+A notebook that fails here is not stored: myst-nb executes it again as it reads it and reports
+the error the usual way, so a failure looks the same with or without this extension.
+
+``MEMORY_BOUND_BUILD_JOBS`` sets the number of workers (default: the cores there are); ``1``
+turns the extension off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path, PurePosixPath
+
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+
+def _jobs() -> int:
+    value = os.environ.get("MEMORY_BOUND_BUILD_JOBS", "")
+    return max(1, int(value)) if value.strip() else max(1, os.cpu_count() or 1)
+
+
+def _execute(text: str, cwd: str, timeout: int | None, allow_errors: bool):
+    """In a worker: execute one notebook (``nbformat`` JSON) in ``cwd``; return the executed
+    notebook as JSON, the seconds it took and the error's traceback (None on success)."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.reads(text, as_version=4)
+    result = single_nb_execution(nb, cwd=cwd, timeout=timeout, allow_errors=allow_errors,
+                                 meta_override=True)
+    return nbformat.writes(nb), result.time, result.exc_string if result.err else None
+
+
+def _to_execute(app, env, docnames):
+    """(path, notebook, reader format, timeout, allow_errors) for each page in ``docnames`` that
+    myst-nb would execute now: read as ``myst_nb.sphinx_.Parser.parse`` reads it."""
+    from jupyter_cache import get_cache
+    from myst_nb.core.nb_to_tokens import nb_node_to_dict
+    from myst_nb.core.read import create_nb_reader
+
+    base = env.mystnb_config
+    if base.execution_mode != "cache":
+        return None, []
+    cache = get_cache(base.execution_cache_path or ".jupyter_cache")
+    todo = []
+    for docname in docnames:
+        path = Path(env.doc2path(docname))
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        reader = create_nb_reader(str(path), env.myst_config, base, text)
+        if reader is None:
+            continue
+        nb = reader.read(text)
+        name = nb.metadata.get("kernelspec", {}).get("name")
+        for rgx, alias in (base.kernel_rgx_aliases or {}).items():
+            if name is not None and re.fullmatch(rgx, name):
+                nb.metadata["kernelspec"]["name"] = alias
+                break
+        config = base
+        if base.metadata_key in nb.metadata:
+            overrides = nb_node_to_dict(nb.metadata[base.metadata_key])
+            overrides.pop("output_folder", None)
+            try:
+                config = base.copy(**overrides)
+            except Exception:  # myst-nb warns about it as it reads the page
+                continue
+        if config.execution_mode != "cache":
+            continue
+        posix = PurePosixPath(path.as_posix())
+        if any(posix.match(p) for p in config.execution_excludepatterns or ()):
+            continue
+        try:
+            cache.match_cache_notebook(nb)
+            continue                  # already executed, code unchanged
+        except KeyError:
+            pass
+        todo.append((path, nb, reader.read_fmt, config.execution_timeout,
+                     config.execution_allow_errors))
+    return cache, todo
+
+
+def execute_ahead(app, env, docnames):
+    jobs = _jobs()
+    if jobs < 2 or not docnames:
+        return
+    import nbformat
+    from jupyter_cache.base import CacheBundleIn
+
+    cache, todo = _to_execute(app, env, docnames)
+    if len(todo) < 2:
+        return                        # nothing to overlap: myst-nb runs it as it reads
+    # the solved labs first: they are the longest, and a long one last would run alone
+    todo.sort(key=lambda t: (not t[0].parts[-2] == "solutions", str(t[0])))
+    logger.info(f"[parallel_execute] executing {len(todo)} notebooks in {jobs} processes")
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_execute, nbformat.writes(nb), str(path.parent), timeout,
+                               allow): (path, fmt) for path, nb, fmt, timeout, allow in todo}
+        for future in as_completed(futures):
+            path, fmt = futures[future]
+            try:
+                text, seconds, error = future.result()
+            except Exception as exc:  # a worker died: myst-nb executes the page itself
+                logger.info(f"[parallel_execute] {path}: {exc!r}; left to myst-nb")
+                continue
+            if error is not None:
+                logger.info(f"[parallel_execute] {path} failed; myst-nb runs it again and "
+                            "reports the error")
+                continue
+            record = (cache.add_nb_to_project(str(path), read_data=fmt) if fmt is not None
+                      else cache.add_nb_to_project(str(path)))
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nbformat.reads(text, as_version=4), record.uri,
+                              data={"execution_seconds": seconds}),
+                check_validity=False, overwrite=True)
+            logger.info(f"[parallel_execute] {path}: executed in {seconds:.2f} seconds")
+    logger.info(f"[parallel_execute] {len(todo)} notebooks in "
+                f"{time.perf_counter() - start:.1f} s")
+
+
+def setup(app):
+    # after myst-nb's builder-inited handler has set env.mystnb_config
+    app.connect("env-before-read-docs", execute_ahead)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
