@@ -1,6 +1,8 @@
 """The MoE measurement (inferlab.parallel.bench_moe) on small random models: its byte count of a
 decode step agrees with the experts it says ran, and its references are analysis.moe's."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,8 +49,11 @@ def test_measure_reports_both_references(monkeypatch):
     log = [{"model": "small-moe", "step": "10", "val_loss": "3.5"},
            {"model": "small-dense", "step": "10", "val_loss": "3.25"}]
     monkeypatch.setattr(bench_moe, "BATCHES", (1, 4))
+    # five held-out files, each cut to its first 4,000 characters (the first is 100,000 long):
+    # enough text for the windows and both perplexities, a tenth of the forward passes
     monkeypatch.setattr(bench_moe.corpus, "held_out",
-                        lambda split, real=bench_moe.corpus.held_out: real(split)[:5])
+                        lambda split, real=bench_moe.corpus.held_out:
+                        [dataclasses.replace(d, text=d.text[:4000]) for d in real(split)[:5]])
     r = bench_moe.measure(moe, dense, tokenizer, log, steps=10, moe_val_loss=3.5, windows=2,
                           window=64, groups=8)
     assert r["val_loss_at_equal_steps"] == {"step": 10, "small-moe": 3.5, "small-dense": 3.25}
