@@ -280,3 +280,99 @@ def test_block_hashes_check():
     for bug in (unchained, with_partial):
         with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.6"):
             check.block_hashes(bug)
+
+
+# ---------------------------------------------------------------- 3.7 the log-sum-exp merge
+
+def good_merge(out1, lse1, out2, lse2):
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    total = w1 + w2
+    return (w1[..., None] * out1 + w2[..., None] * out2) / total[..., None], m + torch.log(total)
+
+
+def softmax_merge(out1, lse1, out2, lse2):  # a different but correct way: softmax of the lses
+    w = torch.softmax(torch.stack([lse1, lse2]), 0)
+    return w[0][..., None] * out1 + w[1][..., None] * out2, torch.logaddexp(lse1, lse2)
+
+
+def equal_weights(out1, lse1, out2, lse2):
+    return (out1 + out2) / 2, torch.logaddexp(lse1, lse2)
+
+
+def not_renormalised(out1, lse1, out2, lse2):
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    return w1[..., None] * out1 + w2[..., None] * out2, m + torch.log(w1 + w2)
+
+
+def larger_part_only(out1, lse1, out2, lse2):  # a max instead of the log-sum-exp weighting
+    return torch.where((lse1 >= lse2)[..., None], out1, out2), torch.maximum(lse1, lse2)
+
+
+def lse_is_the_max(out1, lse1, out2, lse2):  # right output, the union's lse taken as a max
+    return good_merge(out1, lse1, out2, lse2)[0], torch.maximum(lse1, lse2)
+
+
+def no_max_subtracted(out1, lse1, out2, lse2):  # overflows when the scores are large
+    w1, w2 = torch.exp(lse1), torch.exp(lse2)
+    return (w1[..., None] * out1 + w2[..., None] * out2) / (w1 + w2)[..., None], \
+        torch.log(w1 + w2)
+
+
+def output_only(out1, lse1, out2, lse2):
+    return good_merge(out1, lse1, out2, lse2)[0]
+
+
+@pytest.mark.parametrize("bug, says", [
+    (equal_weights, "equal weight"), (not_renormalised, "did not divide"),
+    (larger_part_only, "kept the part with the larger"), (lse_is_the_max, "not their max"),
+    (no_max_subtracted, "overflows float32"), (output_only, "expected a pair")])
+def test_merge_check_catches_each_planted_bug(bug, says):
+    with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.7") as caught:
+        check.merge_attention(bug)
+    assert says in str(caught.value)
+
+
+def test_merge_check_passes_correct_merges_and_lends_the_package_merge():
+    from inferlab.serving.shared_prefix import merge
+    assert check.merge_attention(good_merge) is good_merge
+    assert check.merge_attention(softmax_merge) is softmax_merge
+    assert check.merge_attention(_stub) is merge
+    assert check.merge_attention(merge) is merge  # the reference passes its own check
+
+
+# ---------------------------------------------------------------- 3.8 bytes a decode step reads
+
+def good_read_bytes(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element):
+    token = 2 * n_kv_heads * head_dim * bytes_per_element
+    return batch * (prefix + suffix) * token, (prefix + batch * suffix) * token
+
+
+def keys_only(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element):
+    return tuple(x // 2 for x in good_read_bytes(batch, prefix, suffix, n_kv_heads, head_dim,
+                                                 bytes_per_element))
+
+
+def no_saving(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element):
+    each, _ = good_read_bytes(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element)
+    return each, each
+
+
+def one_suffix(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element):
+    each, _ = good_read_bytes(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element)
+    return each, (prefix + suffix) * 2 * n_kv_heads * head_dim * bytes_per_element
+
+
+@pytest.mark.parametrize("bug, says", [(keys_only, "K AND V"), (no_saving, "ONCE for the batch"),
+                                       (one_suffix, "its own suffix")])
+def test_read_bytes_check_catches_each_planted_bug(bug, says):
+    with pytest.raises(CheckFailed, match=r"\[FAIL\] Exercise 3.8") as caught:
+        check.kv_read_bytes(bug)
+    assert says in str(caught.value)
+
+
+def test_read_bytes_check_passes_and_lends_a_reference():
+    assert check.kv_read_bytes(good_read_bytes) is good_read_bytes
+    reference = check.kv_read_bytes(_stub)
+    assert reference(16, 1024, 128, 8, 128, 2) == good_read_bytes(16, 1024, 128, 8, 128, 2)

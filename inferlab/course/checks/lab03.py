@@ -1,28 +1,33 @@
 """Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.block_manager`` (the reference
 allocator and block table), contiguous ``scaled_dot_product_attention`` on the same K/V, the
-contiguous ``KVCache``, ``inferlab.serving.reservation.slots_held`` and the defining property of
-a chained hash.
+contiguous ``KVCache``, ``inferlab.serving.reservation.slots_held``, the defining property of
+a chained hash, softmax attention over all the keys at once (for the log-sum-exp merge) and
+``inferlab.serving.shared_prefix.bytes_read``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 import torch.nn.functional as F
 
 from inferlab.serving import prefix_cache, reservation
-from inferlab.course.checks import CheckFailed, expect_equal, expect_tensor_close, run_check
+from inferlab.course.checks import (CheckFailed, expect_close, expect_equal, expect_tensor_close,
+                                    lends, run_check)
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
 from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.shared_prefix import bytes_read, merge
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
 # --weights file overrides them): more for the exercises that are more code.
-WEIGHTS = {"3.1": 2, "3.2": 2, "3.3": 3, "3.4": 1, "3.5": 2, "3.6": 2}
+WEIGHTS = {"3.1": 2, "3.2": 2, "3.3": 3, "3.4": 1, "3.5": 2, "3.6": 2, "3.7": 2,
+           "3.8": 1}
 
 
 def _expect_raises(what: str, exc: type, fn, hint: str) -> None:
@@ -309,3 +314,142 @@ def block_hashes(fn):
                               "together with the hash of block i - 1.")
     return run_check("3.6", "block_hashes", fn, prefix_cache.block_hashes, cases,
                      success="equal hashes mean equal prefixes, so a hit is always safe.")
+
+
+def _part(q, k, v):
+    """The check's own softmax attention of q (B, H, D) over one part's keys k, v (B, H, N, D):
+    the output (B, H, D) and each query's log-sum-exp of its scores (B, H); N may be 0."""
+    scores = (q[:, :, None] @ k.transpose(-1, -2))[:, :, 0] / math.sqrt(q.shape[-1])  # (B, H, N)
+    if scores.shape[-1] == 0:  # no keys: nothing to attend, no mass
+        return torch.zeros_like(q), torch.full(q.shape[:2], float("-inf"))
+    return (torch.softmax(scores, -1)[:, :, None] @ v)[:, :, 0], torch.logsumexp(scores, -1)
+
+
+def _merge_hint(got, o1, l1, o2, l2) -> str:
+    """The hint for a wrong merged output: which known mistake it matches, if one does."""
+    w1, w2 = torch.exp(l1)[..., None], torch.exp(l2)[..., None]  # small scores: no overflow here
+    m = torch.maximum(l1, l2)[..., None]
+    unnormalised = ("you weighted each part by e^lse but did not divide by the total weight "
+                    "e^lse1 + e^lse2: each part's output is already normalised over its own "
+                    "keys, so the merged weights must add up to 1.")
+    mistakes = [
+        (w1 * o1 + w2 * o2, unnormalised),
+        (torch.exp(l1[..., None] - m) * o1 + torch.exp(l2[..., None] - m) * o2, unnormalised),
+        ((o1 + o2) / 2, "you gave both parts equal weight. A part's weight is its share of the "
+                        "softmax's mass, e^lse1 / (e^lse1 + e^lse2): a prefix of many keys (or "
+                        "high scores) holds more of it than a short suffix."),
+        (torch.where(l1[..., None] >= l2[..., None], o1, o2),
+         "you kept the part with the larger log-sum-exp and dropped the other, a max where "
+         "the softmax needs a weighted sum: out = (e^(lse1-m) out1 + e^(lse2-m) out2) / "
+         "(e^(lse1-m) + e^(lse2-m))."),
+    ]
+    for wrong, hint in mistakes:
+        if isinstance(got, torch.Tensor) and got.shape == wrong.shape and \
+                torch.allclose(got.float(), wrong, atol=1e-5, rtol=1e-5):
+            return hint
+    return ("weight each part by its share of the softmax's mass, e^(lse_i - m) / (e^(lse1 - m) "
+            "+ e^(lse2 - m)) with m = max(lse1, lse2), and add the two weighted outputs.")
+
+
+def merge_attention(fn):
+    """Exercise 3.7: ``fn(out1, lse1, out2, lse2) -> (out, lse)``, attention over the union of
+    two parts' keys from each part's output (..., D) and log-sum-exp (...)."""
+    def call(f, o1, l1, o2, l2, what):
+        result = f(o1.clone(), l1.clone(), o2.clone(), l2.clone())
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise CheckFailed(f"merge_attention on {what} returned {_short_type(result)}; "
+                              "expected a pair (out, lse). Hint: return the merged output and "
+                              "the merged log-sum-exp, so a third part could be merged later.")
+        return result
+
+    def cases(f):
+        g = torch.Generator().manual_seed(37)
+        B, H, D = 3, 4, 8
+        for P, L, scale, what in [(9, 3, 1.0, "a 9-key prefix and a 3-key suffix"),
+                                  (2, 11, 1.0, "a 2-key prefix and an 11-key suffix"),
+                                  (6, 5, 60.0, "queries 60 times larger (scores in the "
+                                                "hundreds)"),
+                                  (7, 0, 1.0, "an empty suffix (lse2 = -inf, out2 = 0)")]:
+            q = scale * torch.randn(B, H, D, generator=g)
+            k, v = torch.randn(B, H, P + L, D, generator=g), torch.randn(B, H, P + L, D, generator=g)
+            o1, l1 = _part(q, k[:, :, :P], v[:, :, :P])
+            o2, l2 = _part(q, k[:, :, P:], v[:, :, P:])
+            # The oracle: one softmax over the prefix's and the suffix's keys together.
+            full = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]   # (B, H, D)
+            full_lse = torch.logsumexp((q[:, :, None] @ k.transpose(-1, -2))[:, :, 0]
+                                       / math.sqrt(D), -1)
+            out, lse = call(f, o1, l1, o2, l2, what)
+            if isinstance(out, torch.Tensor) and not bool(torch.isfinite(out).all()):
+                raise CheckFailed(
+                    f"merge_attention on {what} returned inf or nan in the output, with "
+                    f"log-sum-exps up to {float(torch.maximum(l1, l2).max()):.0f}. Hint: "
+                    "e^x overflows float32 above x = 88.7 (and e^-inf times 0 is fine, but inf / "
+                    "inf is nan): subtract m = max(lse1, lse2) from both before exponentiating.")
+            hint = _merge_hint(out, o1, l1, o2, l2) if scale == 1.0 else (
+                "subtract m = max(lse1, lse2) before exponentiating, then weight as before.")
+            expect_tensor_close(f"merge_attention's output on {what}, against attention over "
+                                "all the keys at once,", out, full, atol=1e-5, rtol=1e-4,
+                                hint=hint)
+            expect_tensor_close(f"merge_attention's lse on {what}, against the log-sum-exp of "
+                                "all the scores,", lse, full_lse, atol=1e-4, rtol=1e-5,
+                                hint="the union's normaliser is the sum of the parts': "
+                                     "lse = m + log(e^(lse1 - m) + e^(lse2 - m)), not their "
+                                     "max (that drops the smaller part's mass).")
+    return run_check("3.7", "merge_attention", fn, merge, cases,
+                     success="two softmax parts merge exactly, even when e^lse would "
+                             "overflow.")
+
+
+def _short_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"one tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _reference_read_bytes(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element):
+    r = bytes_read(batch, prefix, suffix, 2 * n_kv_heads * head_dim * bytes_per_element)
+    return r["per_sequence"], r["shared_prefix"]
+
+
+def kv_read_bytes(fn):
+    """Exercise 3.8: ``fn(batch, prefix, suffix, n_kv_heads, head_dim, bytes_per_element)`` ->
+    (per_sequence, shared_prefix): one layer's K/V bytes a decode step reads."""
+    reference = lends(_reference_read_bytes, bytes_read)
+    shapes = [(16, 1024, 128, 8, 128, 2), (64, 2048, 512, 8, 128, 2), (1, 500, 20, 4, 64, 4),
+              (8, 0, 33, 2, 16, 1), (5, 96, 1, 32, 128, 2)]
+
+    def cases(f):
+        for B, P, L, K, D, e in shapes:
+            what = f"kv_read_bytes({B}, {P}, {L}, {K}, {D}, {e})"
+            got = f(B, P, L, K, D, e)
+            if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                raise CheckFailed(f"{what} returned {_short_type(got)}; expected a pair "
+                                  "(per_sequence, shared_prefix) of byte counts.")
+            each, once = reference(B, P, L, K, D, e)
+            token = 2 * K * D * e
+            for name, value, expected, hints in [
+                    ("per_sequence", got[0], each,
+                     {B * (P + L) * K * D * e: "count K AND V: 2 x n_kv_heads x head_dim x "
+                                              "bytes_per_element per token.",
+                      (P + L) * token: "every one of the batch's sequences reads its whole "
+                                       "context: multiply by the batch."}),
+                    ("shared_prefix", got[1], once,
+                     {(P + B * L) * K * D * e: "count K AND V: 2 x n_kv_heads x head_dim x "
+                                               "bytes_per_element per token.",
+                      B * (P + L) * token: "that is still the per-sequence count: with the "
+                                           "split the prefix is read ONCE for the batch.",
+                      (P + L) * token: "the prefix is read once, but each sequence still "
+                                       "reads its own suffix: B x suffix tokens."}),
+            ]:
+                hint = ""
+                try:
+                    hint = hints.get(round(float(value)), "")
+                except (TypeError, ValueError):
+                    pass
+                expect_close(f"{what}[{'01'[name == 'shared_prefix']}] ({name})", value,
+                             expected, rel=1e-9, unit=" B",
+                             hint=hint or ("per sequence: B x (prefix + suffix) tokens; split: "
+                                           "prefix + B x suffix tokens; each token's K and V "
+                                           "take 2 x n_kv_heads x head_dim x bytes_per_element."))
+    return run_check("3.8", "kv_read_bytes", fn, reference, cases,
+                     success="the split saves (batch - 1) x prefix tokens' K/V a layer.")
