@@ -69,7 +69,6 @@ class RaggedMetadata:
 
     pool: object                         # the PagedKVCache (``write``, its K/V, its buffers)
     tables: tuple[BlockTable, ...]       # each row's block table
-    query_lens: tuple[int, ...]          # new tokens of each row
     slot_blocks: torch.Tensor            # (N,) where each new token's K/V go
     slot_offsets: torch.Tensor           # (N,)
     last_index: torch.Tensor             # (R,) each row's last token in the packed row
@@ -83,10 +82,6 @@ class RaggedMetadata:
     fused: bool                          # decodes through the Triton kernel
     prefix_tiles: torch.Tensor | None = None  # (K*P/S,) blocks every decode row shares, attended
     # once for all of them (cascade); the decode tables above then hold only what follows
-
-    @property
-    def batch(self) -> int:
-        return len(self.query_lens)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,16 +102,14 @@ class RaggedMetadata:
                 od = paged_decode(qd, k_pool, v_pool, self.key_rows, self.value_rows,
                                   self.decode_mask)
             out[0, :, :d] = od[:, :, 0].transpose(0, 1)
-        for seg in self.segments:
+        for seg in self.segments:  # a row that starts its sequence attends its own tokens
             rows = slice(seg.offset, seg.offset + seg.length)
-            if seg.tiles is None:  # the sequence starts here: attend its own new tokens
-                out[:, :, rows] = F.scaled_dot_product_attention(
-                    q[:, :, rows], k[:, :, rows], v[:, :, rows], is_causal=seg.length > 1,
-                    enable_gqa=H != K)
-            else:  # continue a cached prompt: its blocks, the causal mask shifted by the cache
-                k_all, v_all = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
-                out[:, :, rows] = F.scaled_dot_product_attention(
-                    q[:, :, rows], k_all, v_all, attn_mask=seg.mask, enable_gqa=H != K)
+            keys, values = k[:, :, rows], v[:, :, rows]
+            if seg.tiles is not None:  # it continues a cached prompt: its blocks, mask shifted
+                keys, values = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
+            out[:, :, rows] = F.scaled_dot_product_attention(
+                q[:, :, rows], keys, values, attn_mask=seg.mask,
+                is_causal=seg.tiles is None and seg.length > 1, enable_gqa=H != K)
         return out
 
 
@@ -126,10 +119,8 @@ def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor
     sizes = [len(x) for x in lists]
     host = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long)
     if device.type == "cuda":
-        host = host.pin_memory().to(device, non_blocking=True)
-    elif host.device != device:
-        host = host.to(device)
-    return list(host.split(sizes))
+        return list(host.pin_memory().to(device, non_blocking=True).split(sizes))
+    return list(host.to(device).split(sizes))
 
 
 def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int], pool):
@@ -151,33 +142,28 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
     d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
     positions = [range(s, s + n) for s, n in zip(starts, lens)]
     width = [blocks_for(s + n, S) for s, n in zip(starts, lens)]  # blocks each row reads
-    shared = shared_blocks(tables[:d], starts[:d], S) if pool.shared_prefix and d > 1 else 0
-    wd = max(width[:d], default=0) - shared
-    cached = [b for b in range(d, len(lens)) if starts[b] > 0]
+    wd, cached = max(width[:d], default=0), [b for b in range(d, len(lens)) if starts[b] > 0]
     ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
-    ids, pos, blocks, offsets, last, dec_tables, dec_context, *seg_tables = to_device([
+    ids, pos, blocks, offsets, last, decode_tables, context, *seg_tables = to_device([
         [x for row in tokens for x in row],
         [p for ps in positions for p in ps],
         [t.blocks[p // S] for t, ps in zip(tables, positions) for p in ps],
         [p % S for ps in positions for p in ps],
         ends,
-        [x for b in range(d)
-         for x in tables[b].blocks[shared:width[b]] + [0] * (wd + shared - width[b])],
-        [starts[b] + 1 - shared * S for b in range(d)],
-        tables[0].blocks[:shared],
+        [x for t, w in zip(tables[:d], width) for x in t.blocks[:w] + [0] * (wd - w)],
+        [s + 1 for s in starts[:d]],
         *[tables[b].blocks[:width[b]] for b in cached]], device)
-    prefix_blocks, *seg_tables = seg_tables
-    decode_tables = dec_tables.view(d, wd) if d else None
-    key_rows = value_rows = decode_mask = prefix_tiles = None
+    decode_tables, prefix_tiles = decode_tables.view(d, wd), None
+    shared = shared_blocks(tables[:d], starts[:d], S) if pool.shared_prefix and d > 1 else 0
+    if shared:  # cascade: the blocks every decode row shares apart, each row's own after them
+        prefix_tiles, decode_tables, context = split_prefix(pool, decode_tables, context, shared)
     fused = pool.use_triton and d > 0 and not shared  # the split runs in torch on any device
-    if shared:
-        prefix_tiles = block_gather_index(prefix_blocks.view(1, -1), K)
-        pool.shared_prefix_rows += d
-        pool.shared_prefix_tokens += shared * S
+    key_rows = value_rows = decode_mask = None
     if d and not fused:
         key_rows, value_rows = decode_index(decode_tables, K, pool.group, D, S)
-        if any(starts[b] + 1 - shared * S != wd * S for b in range(d)):  # some keys are padding
-            decode_mask = (torch.arange(wd * S, device=device) < dec_context.view(d, 1))[:, None]
+        if any(s + 1 != wd * S for s in starts[:d]):  # some keys are padding
+            keys = torch.arange(decode_tables.shape[1] * S, device=device)
+            decode_mask = (keys < context.view(d, 1))[:, None]  # (d, 1, keys)
     segments, tables_of = [], dict(zip(cached, seg_tables))
     for b in range(d, len(lens)):
         first, tiles, mask = ends[b] - lens[b] + 1, None, None
@@ -186,10 +172,10 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
             keys = torch.arange(width[b] * S, device=device)
             mask = (keys <= pos[first:ends[b] + 1].view(-1, 1))[None, None]  # (1, 1, T, keys)
         segments.append(Segment(first, lens[b], tiles, mask))
-    meta = RaggedMetadata(pool, tuple(tables), tuple(lens), blocks, offsets, last, d,
-                          decode_tables, dec_context if d else None, key_rows, value_rows,
-                          decode_mask, tuple(segments), fused, prefix_tiles)
-    return ids.view(1, -1), pos.view(1, -1), meta
+    return ids.view(1, -1), pos.view(1, -1), RaggedMetadata(
+        pool, tuple(tables), blocks, offsets, last, d, decode_tables if d else None,
+        context if d else None, key_rows, value_rows, decode_mask, tuple(segments), fused,
+        prefix_tiles)
 
 
 def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) -> int:
@@ -203,6 +189,16 @@ def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) 
     while n < limit and all(t.blocks[n] == first[n] for t in tables[1:]):
         n += 1
     return n
+
+
+def split_prefix(pool, tables: torch.Tensor, context: torch.Tensor, shared: int):
+    """Cascade attention's metadata: the ``shared`` leading blocks of the decode rows' block
+    tables (d, W) as tiles (``block_gather_index``), each row's table and key count after them;
+    the pool counts the rows and tokens that went this way."""
+    pool.shared_prefix_rows += tables.shape[0]
+    pool.shared_prefix_tokens += shared * pool.block_size
+    return (block_gather_index(tables[:1, :shared], pool.k.shape[2]), tables[:, shared:],
+            context - shared * pool.block_size)
 
 
 def cascade_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -255,12 +251,10 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     ``mask`` (B, 1, W*S): the keys each row sees (None: all of them). With ``return_lse``, also
     each query's log-sum-exp of scores (B, H), to merge with attention over other keys."""
     B, H, _, D = q.shape
-    S = v_pool.shape[2]
-    W = key_rows.shape[0] // (B * H)
+    S, W = v_pool.shape[2], key_rows.shape[0] // (B * H)
     weights = (q * (1 / math.sqrt(D))).view(B, H, 1, D).expand(B, H, W, D)
-    scores = F.embedding_bag(key_rows, k_pool.view(-1, S), mode="sum",
-                             per_sample_weights=weights.reshape(key_rows.shape))  # (B*H*W, S)
-    scores = scores.view(B, H, W * S)
+    scores = F.embedding_bag(key_rows, k_pool.view(-1, S), mode="sum",  # (B*H*W, S)
+                             per_sample_weights=weights.reshape(key_rows.shape)).view(B, H, W * S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)                                          # (B, H, N)

@@ -80,19 +80,20 @@ class Step:
         """Every sequence the step computes, in the order the engine runs them."""
         return [*self.prefills, *self.decodes]
 
-    def prefill(self, seq: Sequence, n: int | None = None) -> None:
-        """Prefill ``n`` of ``seq``'s uncomputed tokens this step (default: all of them)."""
+    def prefill(self, seq: Sequence, n: int | None = None) -> int:
+        """Prefill ``n`` of ``seq``'s uncomputed tokens this step (default: all of them); how
+        many that is."""
         self.prefills.append(seq)
         if n is not None and n < seq.num_uncomputed:
             self.chunks[seq] = n
+        return self.new_tokens(seq)
 
     def new_tokens(self, seq: Sequence) -> int:
         """Tokens of ``seq`` this step runs through the model: its chunk, or all uncomputed."""
         return self.chunks.get(seq, seq.num_uncomputed)
 
     def emits(self, seq: Sequence) -> bool:
-        """Whether this step computes ``seq``'s last uncomputed token, so keeps its next one (a
-        chunk that leaves part of the prompt for later does not)."""
+        """Whether this step computes ``seq``'s last uncomputed token, so keeps its next one."""
         return self.new_tokens(seq) == seq.num_uncomputed
 
     @property
@@ -107,15 +108,13 @@ class Step:
         decodes = [_span(s, 1, True) for s in self.decodes] + \
             [Span(s, 1, s.table.num_tokens - 1, False, False) for s in self.padding]
         prefills = [_span(s, self.new_tokens(s), self.emits(s)) for s in self.prefills]
-        if one_forward:
-            self.forwards = [decodes + prefills]
-        else:
-            self.forwards = [[p] for p in prefills] + ([decodes] if decodes else [])
+        self.forwards = [decodes + prefills] if one_forward else \
+            [[p] for p in prefills] + ([decodes] if decodes else [])
 
 
 def _span(seq: Sequence, n: int, emits: bool) -> Span:
     """A row of ``n`` of ``seq``'s uncomputed tokens; a decode is one token after its prompt."""
-    decode = n == 1 and bool(seq.output) and seq.num_computed >= len(seq.prompt)
+    decode = n == 1 and bool(seq.output) and seq.num_computed >= len(seq.request.prompt)
     return Span(seq, n, seq.num_computed, not decode, emits)
 
 
@@ -123,10 +122,8 @@ def _schedule_decodes(sched, step: Step, skip_prefilling: bool = False) -> None:
     """Give every running sequence (but a prefilling one, with ``skip_prefilling``) a slot for
     its next token, oldest first, preempting the latest arrival until the slot fits."""
     for seq in list(sched.running):  # oldest first; the list changes as we preempt
-        if seq.status is not Status.RUNNING:  # preempted earlier in this loop
-            continue
-        if skip_prefilling and sched.is_prefilling(seq):  # its prompt is not computed yet
-            continue
+        if seq.status is not Status.RUNNING or (skip_prefilling and sched.is_prefilling(seq)):
+            continue  # preempted earlier in this loop, or its prompt is not computed yet
         while not sched.can_append(seq):
             victim = sched.running[-1]  # the latest arrival
             sched.preempt(victim)
@@ -139,9 +136,8 @@ def _schedule_decodes(sched, step: Step, skip_prefilling: bool = False) -> None:
 
 
 def continuous_policy(sched, now: float = 0.0) -> Step:
-    """Iteration-level batching with preemption by recompute (vLLM's default policy): decode
-    every running sequence, preempting the latest arrivals when the pool runs dry; then, if
-    nobody was preempted, admit in arrival order while there is room."""
+    """Iteration-level batching (vLLM's default policy): decode every running sequence,
+    preempting the latest arrivals; if nobody was preempted, admit in arrival order."""
     step = Step()
     _schedule_decodes(sched, step)
     if step.preempted:  # memory is short: admitting now would only preempt again
@@ -166,16 +162,12 @@ def chunked_policy(sched, now: float = 0.0) -> Step:
     budget = sched.token_budget - len(step.decodes)
     for seq in begun:
         if seq.status is Status.RUNNING and budget > 0:  # not preempted above
-            n = min(seq.num_uncomputed, budget)
-            step.prefill(seq, n)
-            budget -= n
+            budget -= step.prefill(seq, min(seq.num_uncomputed, budget))
     while not step.preempted and budget > 0 and sched.waiting \
             and sched.can_admit(sched.waiting[0]):
         seq = sched.waiting[0]
         sched.admit(seq)
-        n = min(seq.num_uncomputed, budget)
-        step.prefill(seq, n)
-        budget -= n
+        budget -= step.prefill(seq, min(seq.num_uncomputed, budget))
     return step
 
 

@@ -145,11 +145,8 @@ class Sequence:
     def token_slice(self, start: int, n: int) -> list[int]:
         """Tokens ``start .. start + n - 1`` of prompt + output, without building the whole list."""
         p = len(self.request.prompt)
-        if start >= p:
-            return self.output[start - p:start - p + n]
-        if start + n <= p:
-            return list(self.request.prompt[start:start + n])
-        return [*self.request.prompt[start:], *self.output[:start + n - p]]
+        return [*self.request.prompt[start:start + n],
+                *self.output[max(start - p, 0):max(start + n - p, 0)]]
 
     @property
     def max_tokens(self) -> int:

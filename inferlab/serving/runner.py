@@ -44,20 +44,17 @@ class ModelRunner(Runner):
 
     def generator(self, seq) -> torch.Generator | None:
         """``seq``'s random stream on the pool's device (on a GPU: seeded from its own)."""
-        if seq.generator is None or self.device.type == "cpu":
-            return seq.generator
-        if seq not in self._generators:
+        if seq.generator is not None and self.device.type != "cpu" and seq not in self._generators:
             self._generators[seq] = torch.Generator(self.device).manual_seed(
                 seq.generator.initial_seed())
-        return self._generators[seq]
+        return self._generators.get(seq, seq.generator)
 
     @torch.inference_mode()
     def forward(self, rows: list[Span]) -> list[int]:
         """One forward pass over ``rows`` (one-token rows first): a token per row, sampled at
-        its last new token (kept where ``row.emits``)."""
-        tokens = [r.seq.token_slice(r.start, r.new) for r in rows]
-        ids, positions, meta = prepare([r.seq.table for r in rows], tokens,
-                                       [r.start for r in rows], self.cache)
+        its last new token (drawn only where ``row.emits``)."""
+        ids, positions, meta = prepare([r.seq.table for r in rows], [r.seq.token_slice(
+            r.start, r.new) for r in rows], [r.start for r in rows], self.cache)
         logits = self.model(ids, positions, meta, logits_at=meta.last_index)[0]  # (rows, V)
         requests = [r.seq.request for r in rows]
         return sample(logits, torch.tensor([q.temperature for q in requests], dtype=torch.float32),

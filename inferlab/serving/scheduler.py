@@ -108,13 +108,11 @@ class Scheduler:
                 and self.memory.can_allocate(seq.num_tokens, seq.max_tokens))
 
     def can_append(self, seq: Sequence) -> bool:
-        """Whether a running ``seq`` can get one more token slot (a new block if it needs one);
-        a prefix-caching memory may evict cached blocks to make the room."""
+        """Whether a running ``seq`` can get one more slot (a prefix cache may evict for it)."""
         return seq.table.can_append(1) or self.memory.make_room(seq.table.blocks_needed(1))
 
     def is_prefilling(self, seq: Sequence) -> bool:
-        """Whether a running ``seq`` has slots whose K/V are not computed yet (a chunked prompt);
-        if not, it is decoding."""
+        """Whether a running ``seq`` has slots whose K/V are not computed yet (a chunked prompt)."""
         return seq.num_computed < seq.table.num_tokens
 
     @property
@@ -212,8 +210,7 @@ class Scheduler:
 
     # -- a step: the policy's choice, checked and laid out; then its tokens recorded ---------
     def schedule(self, now: float = 0.0) -> Step:
-        """Ask the policy for the next step, check that it kept the rules (``checks``), and lay
-        it out as forward passes (``Step.plan``)."""
+        """The policy's next step, checked (``checks``) and laid out as passes (``Step.plan``)."""
         step = self.policy(self, now)
         if self.checks:
             self.check(step)
