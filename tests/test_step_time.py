@@ -7,7 +7,7 @@ from inferlab.analysis import collectives, formulas, mla
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.analysis.step_time import (Attention, Shape, StepModel, link_bandwidth,
                                          old_single_max, precision, step_time)
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.paged_cache import blocks_for
 from inferlab.model.config import ModelConfig
 
 LLAMA13 = ModelConfig.from_name("llama-2-13b")

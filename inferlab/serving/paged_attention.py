@@ -1,4 +1,4 @@
-"""Attention over the paged pool: one forward's metadata, built once, and attention row by row.
+"""One forward pass over the paged pool: its metadata, built once, attention, and the runner.
 
 Every forward of the engine is a *ragged* batch: decode rows bring one new token each, prefill
 rows tens or hundreds, and a prefill chunk may continue a prompt whose first tokens are already
@@ -35,6 +35,19 @@ Their indices (``decode_index``) depend only on the block tables, so ``prepare``
 once per forward for every layer. ``inferlab.benchmarks.attention_paths`` times these paths
 beside contiguous attention (Lab 3, ``python -m inferlab.benchmarks.paged``).
 
+The engine's ``ModelRunner`` (nano-vllm's ``ModelRunner`` prepares and runs the same way) has
+ONE method, ``forward(rows)``: each row is a ``Span`` (``inferlab.serving.request``), a sequence
+and the tokens of it to run, and every kind of step is a list of rows: a decode batch (a row of
+one token per running sequence, at its newest slot), a whole prompt (Chapter 4's prefill: one
+row of all its uncomputed tokens), or a chunked step (Chapter 7: the decode rows and the
+prefill chunks together). It builds the pass's metadata here (``prepare``), runs the model with
+it as the cache, computes the logits at each row's last token only and samples them on the
+device (``inferlab.model.sampling.sample``): greedy unless the sequence asks for a temperature,
+with the sequence's own generator on the pool's device. A row that keeps no token (a chunk that
+leaves part of its prompt for later, a padding row) draws nothing from its sequence's
+generator, so a seeded request's tokens do not depend on how its prompt was chunked. The
+runner only reads the sequences; the scheduler changes them.
+
 Letters: N packed tokens, H query heads, K KV heads, D head dim, S block size, W blocks a row
 reads.
 """
@@ -43,12 +56,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from inferlab.serving.block_manager import BlockTable, blocks_for
+from inferlab.model.sampling import sample
+from inferlab.serving.interfaces import Runner
+from inferlab.serving.request import Span
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ class RaggedMetadata:
     reads and writes: what the model receives as its cache."""
 
     pool: object                         # the PagedKVCache (``write``, its K/V, its buffers)
-    tables: tuple[BlockTable, ...]       # each row's block table
+    tables: tuple                        # each row's block table (``BlockTable``)
     slot_blocks: torch.Tensor            # (N,) where each new token's K/V go
     slot_offsets: torch.Tensor           # (N,)
     last_index: torch.Tensor             # (R,) each row's last token in the packed row
@@ -123,7 +139,7 @@ def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor
     return list(host.to(device).split(sizes))
 
 
-def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int], pool):
+def prepare(tables: list, tokens: list[list[int]], starts: list[int], pool):
     """Input ids (1, N), positions (1, N) and the ``RaggedMetadata`` of one packed forward over
     ``pool`` (a ``PagedKVCache``).
 
@@ -141,7 +157,7 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
                              f"holds {table.num_tokens} slots; append to the table first")
     d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
     positions = [range(s, s + n) for s, n in zip(starts, lens)]
-    width = [blocks_for(s + n, S) for s, n in zip(starts, lens)]  # blocks each row reads
+    width = [pool.memory.blocks_for(s + n) for s, n in zip(starts, lens)]  # blocks it reads
     wd, cached = max(width[:d], default=0), [b for b in range(d, len(lens)) if starts[b] > 0]
     ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
     ids, pos, blocks, offsets, last, decode_tables, context, *seg_tables = to_device([
@@ -178,7 +194,7 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
         prefix_tiles)
 
 
-def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) -> int:
+def shared_blocks(tables: list, starts: list[int], block_size: int) -> int:
     """How many leading blocks every one of the decode rows' ``tables`` holds in common (the
     same physical blocks, as a prefix cache shares them), ending before any row's new token."""
     if not tables:
@@ -285,3 +301,33 @@ def gather_blocks(k_pool: torch.Tensor, v_pool: torch.Tensor, tiles: torch.Tenso
     k.copy_(k_tiles.transpose(1, 2))                                       # (B*K*W, S, D)
     v = torch.index_select(v_pool.view(num_blocks * K, S, D), 0, tiles, out=buffers["v"][:n])
     return k.view(batch, K, -1, D), v.view(batch, K, -1, D)
+
+
+# -- the runner: one forward pass of the model over Span rows -------------------------------------
+class ModelRunner(Runner):
+    """Runs forward passes of ``model`` over ``cache`` (a ``PagedKVCache``)."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.device = cache.k.device
+        self._generators = weakref.WeakKeyDictionary()  # each sequence's stream on the device
+
+    def generator(self, seq) -> torch.Generator | None:
+        """``seq``'s random stream on the pool's device (on a GPU: seeded from its own)."""
+        if seq.generator is not None and self.device.type != "cpu" and seq not in self._generators:
+            self._generators[seq] = torch.Generator(self.device).manual_seed(
+                seq.generator.initial_seed())
+        return self._generators.get(seq, seq.generator)
+
+    @torch.inference_mode()
+    def forward(self, rows: list[Span]) -> list[int]:
+        """One forward pass over ``rows`` (one-token rows first): a token per row, sampled at
+        its last new token (drawn only where ``row.emits``)."""
+        ids, positions, meta = prepare([r.seq.table for r in rows], [r.seq.token_slice(
+            r.start, r.new) for r in rows], [r.start for r in rows], self.cache)
+        logits = self.model(ids, positions, meta, logits_at=meta.last_index)[0]  # (rows, V)
+        requests = [r.seq.request for r in rows]
+        return sample(logits, torch.tensor([q.temperature for q in requests], dtype=torch.float32),
+                      [self.generator(r.seq) if r.emits else None for r in rows],
+                      torch.tensor([q.top_k for q in requests], dtype=torch.int64),
+                      torch.tensor([q.top_p for q in requests], dtype=torch.float32))
