@@ -215,7 +215,7 @@ def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
     model it gets them back, and its held-out errors are then zero."""
     from dataclasses import replace
 
-    from inferlab.analysis.step_fit import Sample, agreement, fit
+    from inferlab.sim.step_fit import Sample, agreement, fit
 
     config = ModelConfig.from_name("tiny")
     roof = StepModel.for_roof(config, 50e9, 10e9, "float32")
