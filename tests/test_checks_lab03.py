@@ -14,7 +14,7 @@ from inferlab.serving.reservation import slots_held
 from inferlab.course.checks import CheckFailed
 from inferlab.course.checks import lab03 as check
 from inferlab.course.checks.lab03 import gather_index, gather_kv
-from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
+from inferlab.serving.paged_cache import (BlockAllocator, BlockStateError, BlockTable,
     OutOfBlocksError)
 
 

@@ -8,7 +8,7 @@ from check_contract import contract, hints
 from inferlab.analysis import speculation
 from inferlab.course.checks import lab06
 from inferlab.model import speculative
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.paged_cache import blocks_for
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

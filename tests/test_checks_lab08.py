@@ -6,8 +6,9 @@ import math
 import pytest
 
 from check_contract import contract, stub
-from inferlab.analysis import agent_cost, chips, token_cost
+from inferlab.analysis import agent_cost, chips
 from inferlab.course.checks import CheckFailed, lab08
+from inferlab.sim import token_cost
 
 
 def busy_split(w, price, wrong=None):

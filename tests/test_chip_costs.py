@@ -8,7 +8,7 @@ import pytest
 from inferlab.analysis import chip_costs as cc
 from inferlab.analysis.hardware import load_hardware
 from inferlab.analysis.step_time import StepModel
-from inferlab.analysis.token_cost import usd_per_million
+from inferlab.sim.token_cost import usd_per_million
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 

@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
-from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
 from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.paged_attention import prepare
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_cache import BlockManager, PagedKVCache
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.scheduler import Scheduler, SchedulingError, Step, chunked_policy
 from inferlab.analysis.step_time import StepModel

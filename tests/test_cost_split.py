@@ -3,7 +3,7 @@ two conventions over the same steps, and the counts behind them."""
 
 import pytest
 
-from inferlab.analysis import token_cost as tc
+from inferlab.sim import token_cost as tc
 from inferlab.analysis.cost_split import CONVENTIONS, PhaseSplit, split_run
 from inferlab.analysis.step_time import Shape
 from inferlab.serving.config import ServingConfig

@@ -22,6 +22,6 @@ def test_manifest(root):
 
 
 def test_metric_names_exist(root):
-    from inferlab.serve import metrics
-    text = (root / "inferlab" / "serve" / "metrics.py").read_text()
+    from inferlab.serving import metrics
+    text = (root / "inferlab" / "serving" / "metrics.py").read_text()
     assert '"inferlab_requests_waiting"' in text and metrics.ServerMetrics

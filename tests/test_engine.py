@@ -10,7 +10,7 @@ from inferlab.model.generate import generate
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine, serve
 from inferlab.serving.request import Request
-from inferlab.serving.validate import InvalidRequestError, validate_request
+from inferlab.validation import InvalidRequestError, validate_request
 
 from conftest import tiny_model
 

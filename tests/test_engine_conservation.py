@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.loop import StepLoop, VirtualClock
-from inferlab.serving.policies import make_static_policy
 from inferlab.serving.request import Sequence, longest_tokens
-from inferlab.serving.scheduler import Scheduler
+from inferlab.serving.scheduler import Scheduler, make_static_policy
 
 from conftest import alone, random_requests, tiny_model
 

@@ -3,7 +3,7 @@ functions, and leaves the engine as it found it."""
 
 from course_server import model_and_tokenizer
 from inferlab.benchmarks.host_time import measure
-from inferlab.serving import runner as runner_module
+from inferlab.serving import paged_attention as runner_module
 from inferlab.serving.scheduler import Scheduler
 
 

@@ -19,7 +19,7 @@ from inferlab.serving.engine import Engine, serve
 from inferlab.serving.online import OnlineEngine
 from inferlab.serving.paged_cache import block_bytes
 from inferlab.serving.request import Request, Sequence
-from inferlab.serving.validate import SEED_MAX, SEED_MIN, InvalidRequestError, validate_request
+from inferlab.validation import SEED_MAX, SEED_MIN, InvalidRequestError, validate_request
 
 from conftest import tiny_model
 

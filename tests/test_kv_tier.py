@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from course_server import model_and_tokenizer
-from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.kv_tier import FileTier, HostTier
-from inferlab.serving.paged_cache import PagedKVCache
+from inferlab.serving.paged_cache import BlockManager, PagedKVCache
 from inferlab.serving.request import Request
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.serving.block_manager import BlockAllocator, OutOfBlocksError
+from inferlab.serving.paged_cache import BlockAllocator, OutOfBlocksError
 from inferlab.serving.prefix_cache import PrefixCache, block_hashes
 from inferlab.sim.memory_sim import prefix_sharing_experiment
 from inferlab.serving.request import longest_tokens

@@ -11,7 +11,7 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
 from inferlab.serving.online import EngineClosedError, OnlineEngine
 from inferlab.serving.request import Request
-from inferlab.serving.validate import InvalidRequestError
+from inferlab.validation import InvalidRequestError
 
 from conftest import tiny_model
 

@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
 from inferlab.serving import paged_triton
-from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
-    OutOfBlocksError)
+from inferlab.serving.paged_cache import (BlockAllocator, BlockStateError, BlockTable,
+    OutOfBlocksError, PagedKVCache)
 from inferlab.serving.config import ServingConfig
 from inferlab.course.checks.lab03 import gather_index, gather_kv  # the lab's reference
-from inferlab.serving.paged_cache import PagedKVCache
 
 
 def paged_cache(model, num_blocks, block_size, **kw):
@@ -384,7 +383,7 @@ def test_model_decode_through_the_triton_path(tiny):
 
 def test_prepare_builds_every_layer_s_metadata_in_one_copy(monkeypatch):
     from inferlab.serving import paged_attention
-    from inferlab.serving.block_manager import BlockManager
+    from inferlab.serving.paged_cache import BlockManager
 
     copies = []
     real = paged_attention.to_device

@@ -6,7 +6,7 @@ import pytest
 
 from inferlab.analysis import agent_cost, chips, prices
 from inferlab.analysis.hardware import get_device_spec, load_hardware
-from inferlab.analysis.token_cost import weight_bytes
+from inferlab.sim.token_cost import weight_bytes
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 

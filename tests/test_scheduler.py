@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from inferlab.serving.block_manager import OutOfBlocksError
+from inferlab.serving.paged_cache import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.loop import StepLoop, VirtualClock

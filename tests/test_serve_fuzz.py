@@ -22,7 +22,7 @@ from course_server import NAME, model_and_tokenizer, start
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import serve
 from inferlab.serving.request import Request
-from inferlab.serving.validate import SEED_MAX, SEED_MIN
+from inferlab.validation import SEED_MAX, SEED_MIN
 
 MAX_EXAMPLES = 50
 PROMPTS = ["def parse(line):", "import os\n", "class Node:", "for i in range(", "x = "]

@@ -16,9 +16,8 @@ from inferlab.model.generate import generate
 from inferlab.model.llama import build_model
 from inferlab.model.speculative import (ModelDrafter, PagedTarget, PromptLookup, SpecStats,
     greedy_verify, prompt_lookup, rollback, sampling_verify, speculative_generate)
-from inferlab.serving.block_manager import BlockAllocator, BlockTable, blocks_for
+from inferlab.serving.paged_cache import BlockAllocator, BlockTable, PagedKVCache, blocks_for
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.paged_cache import PagedKVCache
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

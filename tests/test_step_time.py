@@ -7,7 +7,7 @@ from inferlab.analysis import collectives, formulas, mla
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.analysis.step_time import (Attention, Shape, StepModel, link_bandwidth,
                                          old_single_max, precision, step_time)
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.paged_cache import blocks_for
 from inferlab.model.config import ModelConfig
 
 LLAMA13 = ModelConfig.from_name("llama-2-13b")
@@ -215,7 +215,7 @@ def test_the_cpu_fit_recovers_a_planted_overhead_and_efficiency():
     model it gets them back, and its held-out errors are then zero."""
     from dataclasses import replace
 
-    from inferlab.analysis.step_fit import Sample, agreement, fit
+    from inferlab.sim.step_fit import Sample, agreement, fit
 
     config = ModelConfig.from_name("tiny")
     roof = StepModel.for_roof(config, 50e9, 10e9, "float32")

@@ -1,4 +1,4 @@
-"""The cost of a token (inferlab.analysis.token_cost, cost_calculator) and the stored simulations.
+"""The cost of a token (inferlab.sim.token_cost, cost_calculator) and the stored simulations.
 
 The calculator's roofline floor is checked against two computations done by hand from the
 published model shapes and the datasheet numbers; the stored simulations against the tables
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from inferlab.analysis import token_cost as tc
-from inferlab.analysis.cost_calculator import calculate, plot_calculation
+from inferlab.sim import token_cost as tc
+from inferlab.sim.cost_calculator import calculate, plot_calculation
 from inferlab.analysis.figures import figure_problems
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.model.config import ModelConfig
@@ -136,9 +136,9 @@ def stored():
 def test_every_chapter_case_is_stored_and_computed_from_todays_tables(stored):
     for case in tc.chapter_cases():
         key = tc.case_key(case)
-        assert key in stored, f"{case} is not stored: run python -m inferlab.analysis.token_cost --write"
+        assert key in stored, f"{case} is not stored: run python -m inferlab.sim.token_cost --write"
         assert json.loads(json.dumps(tc.inputs(case))) == stored[key].inputs, \
-            f"{case}: the tables changed; run python -m inferlab.analysis.token_cost --write"
+            f"{case}: the tables changed; run python -m inferlab.sim.token_cost --write"
 
 
 def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
@@ -147,7 +147,7 @@ def test_recomputing_a_stored_probe_gives_the_stored_window(stored):
     again = measure(Workload.fixed(case.prompt, case.output).requests(first.n_requests,
                                                                       capacity.probes[0].rate),
                     simulated(case.costs(), case.serving()), case.slo)
-    assert again == first, "run python -m inferlab.analysis.token_cost --write"
+    assert again == first, "run python -m inferlab.sim.token_cost --write"
 
 
 def test_the_stored_costs_make_physical_sense(stored):

@@ -17,12 +17,12 @@ and ``speculative_timing`` (its acceptance, costs and speed-up measured),
 (how many requests or KV blocks fit on a device), ``published`` (the numbers quoted from
 papers, with their sources), ``figures`` (the plotting habits and the check that keeps them),
 ``widgets`` and ``explore`` (the interactive calculators); and what a token costs:
-``prices`` (dated, sourced prices of devices and APIs), ``token_cost`` (dollars per million
-tokens from the roofline floor and from the steady-state simulator within an SLO),
-``cost_split`` (the two conventions that split a mixed step between input and output tokens,
-and the counts behind them), ``chip_costs`` (the chips of 2026 by precision, reasoning output,
-owning against renting),
-``cost_calculator`` (the calculator and its widget), ``agent_cost`` (an agent's task, with
+``prices`` (dated, sourced prices of devices and APIs, and dollars per million tokens from a
+price and a rate), ``cost_split`` (the two conventions that split a mixed step between input
+and output tokens, and the counts behind them), ``chip_costs`` (the chips of 2026 by
+precision, reasoning output, owning against renting), ``agent_cost`` (an agent's task, with
 prefix caching), ``chips`` (HBM, TPU and SRAM-first chips: chips to hold a model, speed per
-user against throughput per chip).
+user against throughput per chip). The simulated cost studies (``token_cost``,
+``cost_limits``, ``cost_calculator``, ``step_fit``) live in ``inferlab.sim``: they run the
+simulator, and this package imports nothing of it.
 """

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 
 from inferlab.analysis.prices import TokenPrice
-from inferlab.serving.block_manager import BlockAllocator
+from inferlab.serving.paged_cache import BlockAllocator
 from inferlab.serving.config import BLOCK_SIZE
 from inferlab.serving.prefix_cache import PrefixCache
 

@@ -9,7 +9,7 @@ Three questions Chapter 8 asks of the newest chips, each answered from dated, so
   that of the precision's format), and ``best_point`` takes the largest batch whose step stays
   within a TPOT bound. FP8 halves the bytes of the weights and of the cache and runs at the FP8
   peak; FP4 halves the weights again and runs at the FP4 peak, in each vendor's production
-  format (``inferlab.analysis.token_cost``: NVFP4 on NVIDIA's chips, 16-element blocks with an
+  format (``inferlab.analysis.step_time``: NVFP4 on NVIDIA's chips, 16-element blocks with an
   E4M3 scale, 4.5 bits a weight; MXFP4 on AMD's, 32-element blocks with an E8M0 scale, 4.25
   bits), with the cache kept in FP8. A chip whose table row has no peak for a format cannot run
   it here (the TPU7x's page lists no FP4; the HBM4 chips announced for 2026 have no dense peak
@@ -38,10 +38,9 @@ import math
 from dataclasses import dataclass
 
 from inferlab.analysis.hardware import DeviceSpec
-from inferlab.analysis.prices import TokenPrice, checked_row, token_prices
-from inferlab.analysis.step_time import PRECISIONS, Precision, Shape, StepModel
-from inferlab.analysis.token_cost import (MXFP4, NVFP4, kv_bytes_per_token, usd_per_million,
-    weight_bytes)
+from inferlab.analysis.prices import TokenPrice, checked_row, token_prices, usd_per_million
+from inferlab.analysis.step_time import (MXFP4, NVFP4, PRECISIONS, Precision, Shape, StepModel,
+    kv_bytes_per_token, weight_bytes)
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 

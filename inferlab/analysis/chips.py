@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, replace
 
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec, load_hardware
-from inferlab.analysis.step_time import Shape, StepModel
-from inferlab.analysis.token_cost import cost_precision, kv_bytes_per_token, weight_bytes
+from inferlab.analysis.step_time import (Shape, StepModel, cost_precision, kv_bytes_per_token,
+    weight_bytes)
 from inferlab.model.config import ModelConfig
 
 ACCELERATORS = ("gpu", "tpu", "lpu", "wse")

@@ -12,7 +12,7 @@ At decode, once the group's global batch touches every expert (Chapter 10: E [1 
 per layer), each GPU reads per step its replicated weights, its local experts and its own
 sequences' KV cache. ``weight_bytes_per_gpu`` counts the weights from the model's published shape
 (``inferlab.analysis.moe``); ``decode_floor_usd_per_m`` prices an output token at that bandwidth
-floor with Chapter 8's formula (``token_cost.bandwidth_floor_usd_per_m``). The floor leaves out
+floor with Chapter 8's formula (``prices.bandwidth_floor_usd_per_m``). The floor leaves out
 the arithmetic and the network.
 
 The network is in the step-time model's version of the step (``decode_step_kernels`` with an
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from inferlab.analysis import mla, token_cost
+from inferlab.analysis import mla, prices
 from inferlab.analysis.attention_layouts import AttentionLayout
 from inferlab.analysis.chip_costs import FP4
 from inferlab.analysis.collectives import ExpertAllToAll, Link
@@ -151,7 +151,7 @@ def decode_floor_usd_per_m(layout: EPLayout, bandwidth: float, usd_per_gpu_hour:
 
     The step reads the replicated weights, the local experts the group's batch is expected to
     touch, and its own sequences' cache."""
-    return token_cost.bandwidth_floor_usd_per_m(
+    return prices.bandwidth_floor_usd_per_m(
         weight_bytes_per_gpu(layout, weight_dtype, batch_per_gpu, expert_bytes),
         kv_bytes_per_token(layout, kv_dtype, context),
         bandwidth, batch_per_gpu, context, usd_per_gpu_hour)
@@ -162,7 +162,7 @@ def published_decode_usd_per_m() -> float:
     the course's decode-only derivation (prefill nodes and idle hours left out)."""
     gpus_per_node = quote("deepseek_node_gpus").value
     tokens_per_s, usd_per_gpu_hour = quote("deepseek_decode_node_throughput").values
-    return token_cost.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
+    return prices.usd_per_million(gpus_per_node * usd_per_gpu_hour, tokens_per_s)
 
 
 def published_daily_usd_per_m() -> float:
@@ -305,4 +305,4 @@ def decode_step_usd_per_m(layout: EPLayout, device: str, usd_per_gpu_hour: float
     """Dollars per million output tokens at the step-time model's decode step, each sequence
     yielding ``tokens_per_step`` tokens a step (more than 1 with MTP)."""
     step = decode_step_s(layout, device, batch_per_gpu, context, **kw)
-    return token_cost.usd_per_million(usd_per_gpu_hour, batch_per_gpu * tokens_per_step / step)
+    return prices.usd_per_million(usd_per_gpu_hour, batch_per_gpu * tokens_per_step / step)

@@ -134,3 +134,32 @@ def token_prices(with_cache_prices: bool = False) -> list[TokenPrice]:
             for r in (checked_row(row, "api_prices_2026.csv")
                       for row in read_table("api_prices_2026.csv"))]
     return [p for p in rows if p.has_cache_prices] if with_cache_prices else rows
+
+
+# -- dollars per million tokens, from a price and a rate ---------------------------------------
+MILLION = 1e6
+
+
+def usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
+    """Dollars per million tokens for a device at ``usd_per_hour`` serving ``tokens_per_s``."""
+    if usd_per_hour < 0 or tokens_per_s <= 0:
+        raise ValueError(f"need a price >= 0 and a positive rate, got {usd_per_hour}, "
+                         f"{tokens_per_s}")
+    return usd_per_hour / 3600 / tokens_per_s * MILLION
+
+
+def bandwidth_floor_usd_per_m(weight_bytes: float, kv_bytes_per_token: float, bandwidth: float,
+                              batch: int, context: int, usd_per_hour: float) -> float:
+    """Dollars per million output tokens when decode runs at the bandwidth floor.
+
+    A step of ``batch`` sequences of ``context`` tokens reads the weights once and every
+    sequence's K/V: (W + batch x context x KV) / bandwidth seconds for ``batch`` tokens.
+    """
+    step = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
+    return usd_per_million(usd_per_hour, batch / step)
+
+
+def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
+                     slow_tokens_per_s: float) -> float:
+    """The hourly price at which the slower device's tokens cost what the faster one's do."""
+    return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s

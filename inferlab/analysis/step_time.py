@@ -56,6 +56,7 @@ import numpy as np
 from inferlab.analysis import formulas
 from inferlab.analysis.collectives import ExpertAllToAll, Link, all_reduce, nccl_gather
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
+from inferlab.model.config import ModelConfig
 
 ACTIVATION_BYTES = 2  # the all-reduced activations travel in 16-bit
 COMMUNICATION = ("collective", "dispatch", "combine")   # the kernels that use the link
@@ -99,6 +100,41 @@ def precision(p: "Precision | str") -> Precision:
         return Precision("fp32", 4, 4, "float32", "float32 throughout")
     raise ValueError(f"unknown precision {p!r}; choose one of {', '.join(PRECISIONS)} "
                      f"or {', '.join(_DTYPES)}")
+
+
+# Beyond ``PRECISIONS``, the formats Chapter 8 prices (``inferlab.sim.token_cost``) and the
+# chips of 2026 compute (``inferlab.analysis.chip_costs``), with the sizes read at a precision.
+# 4-bit floats with their block scales (E2M1 elements; one scale per block). NVFP4 is NVIDIA's
+# production format on Blackwell (16-element blocks, an E4M3 scale, and one FP32 scale per
+# tensor, negligible per weight): 4.5 bits a weight. MXFP4 is the OCP MX format AMD's MI355X
+# computes (32-element blocks, an E8M0 scale): 4.25 bits. Both run at the chip's FP4 peak with
+# 4-bit activations (W4A4); the K/V cache stays in FP8 (our choice, stated where priced).
+E2M1_BITS, SCALE_BITS = 4, 8
+NVFP4_BLOCK, MX_BLOCK = 16, 32
+NVFP4 = Precision("nvfp4", (E2M1_BITS + SCALE_BITS / NVFP4_BLOCK) / 8, 1, "fp4",
+                  "NVFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 16 with an "
+                  "E4M3 scale: 4.5 bits a weight); FP8 KV cache")
+MXFP4 = Precision("mxfp4", (E2M1_BITS + SCALE_BITS / MX_BLOCK) / 8, 1, "fp4",
+                  "MXFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 32 with an "
+                  "E8M0 scale: 4.25 bits a weight); FP8 KV cache")
+FOUR_BIT = {p.name: p for p in (NVFP4, MXFP4)}
+
+
+def cost_precision(prec: Precision | str) -> Precision:
+    """A precision by name: one of ``FOUR_BIT``, else ``precision``."""
+    if isinstance(prec, str) and prec in FOUR_BIT:
+        return FOUR_BIT[prec]
+    return precision(prec)
+
+
+def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
+    """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
+    return formulas.weight_bytes(config, cost_precision(prec).bytes_per_weight)
+
+
+def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
+    """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
+    return formulas.kv_bytes_per_token(config, cost_precision(prec).bytes_per_kv)
 
 
 def link_bandwidth(name: str) -> float:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.serving import paged_triton
-from inferlab.serving.block_manager import BlockAllocator, BlockTable, blocks_for
+from inferlab.serving.paged_cache import BlockAllocator, BlockTable, blocks_for
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
                                               paged_decode)
 

@@ -42,7 +42,7 @@ from inferlab.sim import traces, workloads
 from inferlab.analysis.step_time import StepModel
 from inferlab.sim.simulator import FittedCosts, measure_costs_for, simulate
 
-COMPARED = ("static", "continuous")  # names in inferlab.serving.policies.POLICIES
+COMPARED = ("static", "continuous")  # names in inferlab.serving.scheduler.POLICIES
 
 
 def serve_both(model, requests, config: ServingConfig) -> dict[str, Run]:

@@ -4,8 +4,8 @@
     python -m inferlab.benchmarks.decode_profile --model tiny --context 256
     python -m inferlab.benchmarks.decode_profile --write         # a record in data/measurements
 
-Times the engine's one forward (``inferlab.serving.runner.ModelRunner.forward``) on one decode
-row, then runs it under ``torch.profiler`` and sorts each operator's own CPU time into:
+Times the engine's one forward (``inferlab.serving.paged_attention.ModelRunner.forward``) on
+one decode row, then runs it under ``torch.profiler`` and sorts each operator's own CPU time into:
 
 - the linear layers (the weight matrix-vector products: projections, MLP, LM head), with each
   weight shape's time and the bandwidth it reached (its bytes over its time);
@@ -50,12 +50,11 @@ from inferlab.analysis.hardware import detect_device, stream_rates
 from inferlab.measurements import write_record
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.paged_cache import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.paged_int8 import pool_for
-from inferlab.serving.policies import Span
-from inferlab.serving.request import Request, Sequence
-from inferlab.serving.runner import ModelRunner
+from inferlab.serving.request import Request, Sequence, Span
+from inferlab.serving.paged_attention import ModelRunner
 from inferlab.timing import time_fn
 
 COMMAND = "python -m inferlab.benchmarks.decode_profile"

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 
 from inferlab.model.weights import checkpoint_path, load_checkpoint
-from inferlab.serving import runner as runner_module
+from inferlab.serving import paged_attention as runner_module
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.request import Request

@@ -18,10 +18,9 @@ import argparse
 import torch
 
 from inferlab.model.weights import checkpoint_path, load_checkpoint
-from inferlab.serving.block_manager import BlockManager, BlockTable
+from inferlab.serving.paged_cache import BlockManager, BlockTable, PagedKVCache
 from inferlab.serving.kv_tier import FileTier
 from inferlab.serving.paged_attention import prepare
-from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.timing import time_fn
 
 

@@ -24,7 +24,7 @@ import argparse
 
 import torch
 
-from inferlab.serving.block_manager import blocks_for
+from inferlab.serving.paged_cache import blocks_for
 from inferlab.serving.paged_attention import (block_gather_index, decode_index, gather_blocks,
                                               paged_decode)
 from inferlab.serving.shared_prefix import bytes_read, shared_prefix_decode

@@ -8,8 +8,8 @@ numbers of memory per token (``inferlab.model.config.kv_bytes_per_token``).
 The buffers are allocated once, at full size, as gpt-fast does, so decoding never reallocates
 and the memory a request will need is known up front. Every sequence in the batch sits at the
 same position (one prompt length per batch); ragged batches are the paged cache's job
-(``inferlab.serving.block_manager``). Mistakes raise: writing past the capacity, or K/V of the wrong shape,
-dtype or device, is an error, never a silent truncation.
+(``inferlab.serving.paged_cache``). Mistakes raise: writing past the capacity, or K/V of the
+wrong shape, dtype or device, is an error, never a silent truncation.
 """
 
 from __future__ import annotations

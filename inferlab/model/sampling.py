@@ -83,14 +83,12 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor,
     tokens = logits.argmax(-1)  # (n,): every row's greedy choice, on the device
     warm = (temperatures >= GREEDY_BELOW).tolist()  # one read of the host's tensor
     hot = [i for i, (g, w) in enumerate(zip(generators, warm)) if g is not None and w]
-    if hot:
-        device = logits.device
-        rows = torch.tensor(hot, device=device)
-        x = logits[rows].float()  # (h, V) float32
-        x = torch.where(finite[rows].view(-1, 1), x, 0.0)  # a faulty row must not reach a draw
-        t = temperatures[hot].float().to(device).view(-1, 1)  # (h, 1)
-        scaled = (x - x.amax(-1, keepdim=True)) / t  # (h, V): <= 0, the largest exactly 0
-        probs = torch.softmax(scaled, dim=-1)  # (h, V)
+    if hot:  # the rows that draw, in float32; a faulty one must not reach a draw
+        rows = torch.tensor(hot, device=logits.device)
+        x = torch.where(finite[rows].view(-1, 1), logits[rows].float(), 0.0)  # (h, V)
+        t = temperatures[hot].float().to(logits.device).view(-1, 1)  # (h, 1)
+        probs = torch.softmax((x - x.amax(-1, keepdim=True)) / t, dim=-1)  # (h, V); the scaled
+        # logits are <= 0 and the largest exactly 0
         if top_k is not None and top_p is not None:
             k, p = top_k[hot], top_p[hot].float()
             if bool((k > 0).any()) or bool((p < 1).any()):  # host tensors: no device read

@@ -15,7 +15,7 @@ Read in this order:
   on the first rejection sample from the residual norm(max(0, p - q)); after k acceptances
   sample a bonus token from p. Every emitted token is distributed exactly as the target's.
 - ``rollback``: forget the K/V of rejected positions in a ``KVCache`` (its length goes back);
-  the paged cache does the same with ``BlockTable.truncate`` (``inferlab.serving.block_manager``).
+  the paged cache does the same with ``BlockTable.truncate`` (``inferlab.serving.paged_cache``).
 - Drafters: ``ModelDrafter`` (a small model with its own cache) and ``PromptLookup`` (copy the
   tokens that followed the last earlier occurrence of the current n-gram: no model at all;
   Saxena's prompt-lookup decoding, in Hugging Face as ``prompt_lookup_num_tokens``).

@@ -9,7 +9,7 @@ tenants, the metrics, the limits) is one ``Server`` on ``app.state.server``.
   body is parsed once (``parse``: the JSON, then ``inferlab.serve.protocol``'s types; a chat's
   messages are first rendered into a prompt, ``inferlab.serve.chat``), the API key is mapped to
   a tenant (``inferlab.serve.tenants``), the prompt tokenized and the request submitted to the
-  engine, which checks it (``inferlab.serving.validate``) and answers with its ``Stream``. The
+  engine, which checks it (``inferlab.validation``) and answers with its ``Stream``. The
   answer is one completion, or Server-Sent Events (sse-starlette), one chunk per token as the
   engine produces it, in the endpoint's shape (``protocol.TextShape`` or ``ChatShape``). Text
   is detokenized incrementally (``protocol.Detokenizer``), holding back (an empty chunk) what may
@@ -27,7 +27,7 @@ tenants, the metrics, the limits) is one ``Server`` on ``app.state.server``.
   path in its own shape (``ResponseShape``: a ``response`` object, or typed events), and keeps
   the responses it stores for ``previous_response_id`` and ``GET /v1/responses/{id}``.
 - ``GET /v1/models``, ``GET /health`` (200, or 503 while draining or if the engine loop
-  stopped), ``GET /metrics`` (Prometheus text, ``inferlab.serve.metrics``).
+  stopped), ``GET /metrics`` (Prometheus text, ``inferlab.serving.metrics``).
 - It logs a banner when it starts and serving stats every ``stats_interval_s`` seconds
   (``inferlab.serve.logs``). Shutdown (uvicorn's, on SIGTERM or ``should_exit``) stops
   accepting, lets the open requests finish, then the lifespan hook drains and stops the engine.
@@ -53,15 +53,15 @@ from inferlab.model.chat_template import load_chat_template
 from inferlab.serve.chat import client_names, completion_body
 from inferlab.serve.errors import APIError, error_body
 from inferlab.serve.logs import StatsLogger, banner, log
-from inferlab.serve.metrics import ServerMetrics
 from inferlab.serve.protocol import (API_NAMES, ChatShape, CompletionRequest, Detokenizer,
                                      TextShape, model_list, single_prompt, usage)
 from inferlab.serve.responses import NAMES, ResponseShape, ResponseStore
 from inferlab.serve.responses import completion_body as response_body
 from inferlab.serve.tenants import Tenants, TenantLimitError, UnknownKeyError
+from inferlab.serving.metrics import ServerMetrics
 from inferlab.serving.online import EngineClosedError
 from inferlab.serving.request import Request as EngineRequest
-from inferlab.serving.validate import InvalidRequestError
+from inferlab.validation import InvalidRequestError
 
 
 @dataclass

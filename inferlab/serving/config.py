@@ -11,7 +11,7 @@ the scheduler both read the block size from it, so they cannot disagree about it
 vLLM calls the budget ``max_num_batched_tokens``): every step is then ONE forward pass of at
 most that many tokens, filled first by the running decodes (one token each) and then by prefill
 chunks, oldest request first, so that a prompt may span several steps. A budget alone
-selects ``policy="chunked"`` (``inferlab.serving.policies.chunked_policy``); a policy function
+selects ``policy="chunked"`` (``inferlab.serving.scheduler.chunked_policy``); a policy function
 of one's own may use it too. Without it, a step prefills each admitted prompt whole, in a forward pass of its
 own, before the decode batch (the engine of Chapter 4).
 
@@ -44,7 +44,7 @@ class ServingConfig:
     max_batch: int = 32                   # sequences running at once (vLLM's max_num_seqs)
     max_prefill_tokens: int | None = None  # prompt tokens one step may prefill; None: no limit
     policy: str | Callable | None = None  # "continuous", "static", "chunked", or a function
-    # policy(scheduler, now) (dynamic batching: policies.make_static_policy(max_wait_s));
+    # policy(scheduler, now) (dynamic batching: scheduler.make_static_policy(max_wait_s));
     # None: "chunked" with a token_budget, else "continuous"
     watermark: float = 0.0                # share of the blocks an admission must leave free
     token_budget: int | None = None       # chunked prefill: tokens one step's forward may run

@@ -4,12 +4,12 @@
 place, over the model's parts, all reading one ``ServingConfig``:
 
 - the paged KV pool (``inferlab.serving.paged_cache``, or its int8 form), whose blocks the
-  memory manager hands out (``inferlab.serving.block_manager``; with ``prefix_cache``, the
-  prefix-caching one of ``inferlab.serving.prefix_cache``);
+  memory manager there hands out (with ``prefix_cache``, the prefix-caching one of
+  ``inferlab.serving.prefix_cache``);
 - the ``Scheduler`` (``inferlab.serving.scheduler``), which decides every iteration who
   prefills, who decodes and who is preempted, and is the only code that changes a sequence;
-- the ``ModelRunner`` (``inferlab.serving.runner``), which runs those decisions on the model
-  over the pool and samples each row's next token;
+- the ``ModelRunner`` (``inferlab.serving.paged_attention``), which runs those decisions on
+  the model over the pool and samples each row's next token;
 - a ``WallClock``.
 
 An offline run is one call: ``serve`` (or ``Engine.run``) serves a list of requests to the end
@@ -20,7 +20,7 @@ of the same shape.
 
 Invalid requests (an empty prompt, token ids that are not integers in the vocabulary, a prompt
 longer than the model's context, max_new_tokens that is not a positive integer, a temperature
-outside [0, 2], a seed outside 64-bit integers, ...: ``inferlab.serving.validate``, the check
+outside [0, 2], a seed outside 64-bit integers, ...: ``inferlab.validation``, the check
 the online engine runs too) are refused one by one before anything runs: each gets a
 ``Result`` with no tokens, no timing and ``error`` saying why ("request 3 refused: ..."), and
 the others still complete. When the config leaves ``num_blocks`` unset, ``serve`` sizes the
@@ -32,27 +32,26 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from inferlab.serving.block_manager import BlockManager
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import StepLoop, WallClock
-from inferlab.serving.paged_cache import POOL_MEMORY_FRACTION, pool_blocks_for
+from inferlab.serving.paged_cache import POOL_MEMORY_FRACTION, BlockManager, pool_blocks_for
 from inferlab.serving.kv_tier import tier_for
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.prefix_cache import PrefixCachingBlockManager
-from inferlab.serving.request import Request, longest_tokens
+from inferlab.serving.request import Request
 from inferlab.serving.run import Run
-from inferlab.serving.runner import ModelRunner
+from inferlab.serving.paged_attention import ModelRunner
 from inferlab.serving.scheduler import Scheduler
-from inferlab.serving.validate import InvalidRequestError, validate_request
+from inferlab.validation import InvalidRequestError, validate_request
 
 
-def refusals(requests: list[Request], model_config, num_blocks: int | None = None,
-             block_size: int | None = None) -> dict[int, str]:
-    """The index and reason of every request that cannot run (``validate_request``)."""
+def refusals(requests: list[Request], model_config, memory=None) -> dict[int, str]:
+    """The index and reason of every request that cannot run (``validate_request``; with
+    ``memory``, the engine's memory manager, also those that could never fit its pool)."""
     refused = {}
     for i, r in enumerate(requests):
         try:
-            validate_request(r, model_config, num_blocks, block_size)
+            validate_request(r, model_config, memory)
         except InvalidRequestError as error:
             name = r.request_id if r.request_id is not None else i
             refused[i] = f"request {name} refused: {error}"
@@ -65,8 +64,7 @@ def pool_blocks(model, requests: list[Request], config: ServingConfig,
     preemption is needed, but at most what ``memory_fraction`` of the device's free memory
     holds (requests that need more than that are then refused): ``pool_blocks_for``."""
     refused = refusals(requests, model.config)
-    longest = max((longest_tokens(len(r.prompt), r.max_new_tokens)
-                   for i, r in enumerate(requests) if i not in refused), default=1)
+    longest = max((r.max_tokens for i, r in enumerate(requests) if i not in refused), default=1)
     return pool_blocks_for(model, longest, config, memory_fraction)
 
 
@@ -106,8 +104,7 @@ class Engine(StepLoop):
         """Serve ``requests``: a ``Run`` with one ``Result`` each, in the order given (the ones
         that cannot run refused, with why)."""
         requests = list(requests)
-        run = super().run(requests, refusals(requests, self.model.config, self.num_blocks,
-                                             self.config.block_size))
+        run = super().run(requests, refusals(requests, self.model.config, self.cache.memory))
         leaked = self.num_blocks - self.cache.memory.num_free - self.cache.memory.num_cached_only
         if leaked:
             raise RuntimeError(f"{leaked} KV blocks are still allocated after every request "

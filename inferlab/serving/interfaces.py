@@ -4,12 +4,12 @@ Several classes stand behind each, and each of them says which one it implements
 subclassing it:
 
 - ``MemoryManager``: where a sequence's K/V go. The paged ``BlockManager``
-  (``inferlab.serving.block_manager``), its prefix-caching form
+  (``inferlab.serving.paged_cache``), its prefix-caching form
   (``inferlab.serving.prefix_cache``) and the contiguous reservations Chapter 3 compares
   (``inferlab.serving.reservation``). The scheduler admits, grows and frees sequences through
   it and asks nothing else.
 - ``Runner``: one forward pass over ``Span`` rows (a sequence and the tokens it runs), a token
-  per row. The model's ``ModelRunner`` (``inferlab.serving.runner``), the simulator's
+  per row. The model's ``ModelRunner`` (``inferlab.serving.paged_attention``), the simulator's
   ``SimRunner`` that charges modelled seconds (``inferlab.sim.simulator``), Chapter 3's
   ``MemoryRecorder`` (``inferlab.sim.memory_sim``) and the labs' checking runners.
 - ``Clock``: the loop's time. ``WallClock`` measures it, ``VirtualClock`` is advanced by a
@@ -24,8 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # names for the annotations only
-    from inferlab.serving.policies import Span
-    from inferlab.serving.request import Sequence
+    from inferlab.serving.request import Sequence, Span
 
 
 class MemoryManager(Protocol):

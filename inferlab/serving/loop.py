@@ -183,8 +183,7 @@ class StepLoop:
         if step.is_empty:
             self._idle(step)
             return []
-        kept: dict[int, tuple[int, float]] = {}  # id(seq): its token and when it came out
-        forwards = []
+        kept, forwards = {}, []  # kept: id(seq) -> its token and when it came out
         for rows in step.forwards:
             t0 = self.clock.now()
             try:

@@ -7,7 +7,7 @@ scheduler, runner and loop as an offline run) only three things: a background th
 steps it, an inbox that requests wait in until the next step boundary, and a ``Stream`` per
 request.
 
-- ``submit(request)`` checks the request (``inferlab.serving.validate``, once: an
+- ``submit(request)`` checks the request (``inferlab.validation``, once: an
   ``InvalidRequestError`` names the field, in the caller's ``names``) and returns its
   ``Stream`` at once, from any thread; the request arrives (its TTFT starts) then.
 - Every token leaves through the engine's one hook (``on_token``) into its stream, as soon as
@@ -42,7 +42,7 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.engine import Engine
 from inferlab.serving.metrics import RequestTiming
 from inferlab.serving.request import Request, Sequence
-from inferlab.serving.validate import validate_request
+from inferlab.validation import validate_request
 
 
 class EngineClosedError(RuntimeError):
@@ -150,8 +150,7 @@ class OnlineEngine:
         run (``validate_request`` against this model and pool, its messages in the caller's
         field ``names``), ``EngineClosedError`` while draining. The request arrives now, on
         the engine's clock: its TTFT is counted from here."""
-        validate_request(request, self.model.config, self.config.num_blocks,
-                         self.config.block_size, names)
+        validate_request(request, self.model.config, self.cache.memory, names)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")

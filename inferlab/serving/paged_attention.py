@@ -1,4 +1,4 @@
-"""Attention over the paged pool: one forward's metadata, built once, and attention row by row.
+"""One forward pass over the paged pool: its metadata, built once, attention, and the runner.
 
 Every forward of the engine is a *ragged* batch: decode rows bring one new token each, prefill
 rows tens or hundreds, and a prefill chunk may continue a prompt whose first tokens are already
@@ -35,6 +35,19 @@ Their indices (``decode_index``) depend only on the block tables, so ``prepare``
 once per forward for every layer. ``inferlab.benchmarks.attention_paths`` times these paths
 beside contiguous attention (Lab 3, ``python -m inferlab.benchmarks.paged``).
 
+The engine's ``ModelRunner`` (nano-vllm's ``ModelRunner`` prepares and runs the same way) has
+ONE method, ``forward(rows)``: each row is a ``Span`` (``inferlab.serving.request``), a sequence
+and the tokens of it to run, and every kind of step is a list of rows: a decode batch (a row of
+one token per running sequence, at its newest slot), a whole prompt (Chapter 4's prefill: one
+row of all its uncomputed tokens), or a chunked step (Chapter 7: the decode rows and the
+prefill chunks together). It builds the pass's metadata here (``prepare``), runs the model with
+it as the cache, computes the logits at each row's last token only and samples them on the
+device (``inferlab.model.sampling.sample``): greedy unless the sequence asks for a temperature,
+with the sequence's own generator on the pool's device. A row that keeps no token (a chunk that
+leaves part of its prompt for later, a padding row) draws nothing from its sequence's
+generator, so a seeded request's tokens do not depend on how its prompt was chunked. The
+runner only reads the sequences; the scheduler changes them.
+
 Letters: N packed tokens, H query heads, K KV heads, D head dim, S block size, W blocks a row
 reads.
 """
@@ -43,12 +56,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from inferlab.serving.block_manager import BlockTable, blocks_for
+from inferlab.model.sampling import sample
+from inferlab.serving.interfaces import Runner
+from inferlab.serving.request import Span
 
 
 @dataclass(frozen=True)
@@ -68,8 +84,7 @@ class RaggedMetadata:
     reads and writes: what the model receives as its cache."""
 
     pool: object                         # the PagedKVCache (``write``, its K/V, its buffers)
-    tables: tuple[BlockTable, ...]       # each row's block table
-    query_lens: tuple[int, ...]          # new tokens of each row
+    tables: tuple                        # each row's block table (``BlockTable``)
     slot_blocks: torch.Tensor            # (N,) where each new token's K/V go
     slot_offsets: torch.Tensor           # (N,)
     last_index: torch.Tensor             # (R,) each row's last token in the packed row
@@ -83,10 +98,6 @@ class RaggedMetadata:
     fused: bool                          # decodes through the Triton kernel
     prefix_tiles: torch.Tensor | None = None  # (K*P/S,) blocks every decode row shares, attended
     # once for all of them (cascade); the decode tables above then hold only what follows
-
-    @property
-    def batch(self) -> int:
-        return len(self.query_lens)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,16 +118,14 @@ class RaggedMetadata:
                 od = paged_decode(qd, k_pool, v_pool, self.key_rows, self.value_rows,
                                   self.decode_mask)
             out[0, :, :d] = od[:, :, 0].transpose(0, 1)
-        for seg in self.segments:
+        for seg in self.segments:  # a row that starts its sequence attends its own tokens
             rows = slice(seg.offset, seg.offset + seg.length)
-            if seg.tiles is None:  # the sequence starts here: attend its own new tokens
-                out[:, :, rows] = F.scaled_dot_product_attention(
-                    q[:, :, rows], k[:, :, rows], v[:, :, rows], is_causal=seg.length > 1,
-                    enable_gqa=H != K)
-            else:  # continue a cached prompt: its blocks, the causal mask shifted by the cache
-                k_all, v_all = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
-                out[:, :, rows] = F.scaled_dot_product_attention(
-                    q[:, :, rows], k_all, v_all, attn_mask=seg.mask, enable_gqa=H != K)
+            keys, values = k[:, :, rows], v[:, :, rows]
+            if seg.tiles is not None:  # it continues a cached prompt: its blocks, mask shifted
+                keys, values = gather_blocks(k_pool, v_pool, seg.tiles, 1, self.pool.buffers)
+            out[:, :, rows] = F.scaled_dot_product_attention(
+                q[:, :, rows], keys, values, attn_mask=seg.mask,
+                is_causal=seg.tiles is None and seg.length > 1, enable_gqa=H != K)
         return out
 
 
@@ -126,13 +135,11 @@ def to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor
     sizes = [len(x) for x in lists]
     host = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long)
     if device.type == "cuda":
-        host = host.pin_memory().to(device, non_blocking=True)
-    elif host.device != device:
-        host = host.to(device)
-    return list(host.split(sizes))
+        return list(host.pin_memory().to(device, non_blocking=True).split(sizes))
+    return list(host.to(device).split(sizes))
 
 
-def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int], pool):
+def prepare(tables: list, tokens: list[list[int]], starts: list[int], pool):
     """Input ids (1, N), positions (1, N) and the ``RaggedMetadata`` of one packed forward over
     ``pool`` (a ``PagedKVCache``).
 
@@ -150,34 +157,29 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
                              f"holds {table.num_tokens} slots; append to the table first")
     d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
     positions = [range(s, s + n) for s, n in zip(starts, lens)]
-    width = [blocks_for(s + n, S) for s, n in zip(starts, lens)]  # blocks each row reads
-    shared = shared_blocks(tables[:d], starts[:d], S) if pool.shared_prefix and d > 1 else 0
-    wd = max(width[:d], default=0) - shared
-    cached = [b for b in range(d, len(lens)) if starts[b] > 0]
+    width = [pool.memory.blocks_for(s + n) for s, n in zip(starts, lens)]  # blocks it reads
+    wd, cached = max(width[:d], default=0), [b for b in range(d, len(lens)) if starts[b] > 0]
     ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
-    ids, pos, blocks, offsets, last, dec_tables, dec_context, *seg_tables = to_device([
+    ids, pos, blocks, offsets, last, decode_tables, context, *seg_tables = to_device([
         [x for row in tokens for x in row],
         [p for ps in positions for p in ps],
         [t.blocks[p // S] for t, ps in zip(tables, positions) for p in ps],
         [p % S for ps in positions for p in ps],
         ends,
-        [x for b in range(d)
-         for x in tables[b].blocks[shared:width[b]] + [0] * (wd + shared - width[b])],
-        [starts[b] + 1 - shared * S for b in range(d)],
-        tables[0].blocks[:shared],
+        [x for t, w in zip(tables[:d], width) for x in t.blocks[:w] + [0] * (wd - w)],
+        [s + 1 for s in starts[:d]],
         *[tables[b].blocks[:width[b]] for b in cached]], device)
-    prefix_blocks, *seg_tables = seg_tables
-    decode_tables = dec_tables.view(d, wd) if d else None
-    key_rows = value_rows = decode_mask = prefix_tiles = None
+    decode_tables, prefix_tiles = decode_tables.view(d, wd), None
+    shared = shared_blocks(tables[:d], starts[:d], S) if pool.shared_prefix and d > 1 else 0
+    if shared:  # cascade: the blocks every decode row shares apart, each row's own after them
+        prefix_tiles, decode_tables, context = split_prefix(pool, decode_tables, context, shared)
     fused = pool.use_triton and d > 0 and not shared  # the split runs in torch on any device
-    if shared:
-        prefix_tiles = block_gather_index(prefix_blocks.view(1, -1), K)
-        pool.shared_prefix_rows += d
-        pool.shared_prefix_tokens += shared * S
+    key_rows = value_rows = decode_mask = None
     if d and not fused:
         key_rows, value_rows = decode_index(decode_tables, K, pool.group, D, S)
-        if any(starts[b] + 1 - shared * S != wd * S for b in range(d)):  # some keys are padding
-            decode_mask = (torch.arange(wd * S, device=device) < dec_context.view(d, 1))[:, None]
+        if any(s + 1 != wd * S for s in starts[:d]):  # some keys are padding
+            keys = torch.arange(decode_tables.shape[1] * S, device=device)
+            decode_mask = (keys < context.view(d, 1))[:, None]  # (d, 1, keys)
     segments, tables_of = [], dict(zip(cached, seg_tables))
     for b in range(d, len(lens)):
         first, tiles, mask = ends[b] - lens[b] + 1, None, None
@@ -186,13 +188,13 @@ def prepare(tables: list[BlockTable], tokens: list[list[int]], starts: list[int]
             keys = torch.arange(width[b] * S, device=device)
             mask = (keys <= pos[first:ends[b] + 1].view(-1, 1))[None, None]  # (1, 1, T, keys)
         segments.append(Segment(first, lens[b], tiles, mask))
-    meta = RaggedMetadata(pool, tuple(tables), tuple(lens), blocks, offsets, last, d,
-                          decode_tables, dec_context if d else None, key_rows, value_rows,
-                          decode_mask, tuple(segments), fused, prefix_tiles)
-    return ids.view(1, -1), pos.view(1, -1), meta
+    return ids.view(1, -1), pos.view(1, -1), RaggedMetadata(
+        pool, tuple(tables), blocks, offsets, last, d, decode_tables if d else None,
+        context if d else None, key_rows, value_rows, decode_mask, tuple(segments), fused,
+        prefix_tiles)
 
 
-def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) -> int:
+def shared_blocks(tables: list, starts: list[int], block_size: int) -> int:
     """How many leading blocks every one of the decode rows' ``tables`` holds in common (the
     same physical blocks, as a prefix cache shares them), ending before any row's new token."""
     if not tables:
@@ -203,6 +205,16 @@ def shared_blocks(tables: list[BlockTable], starts: list[int], block_size: int) 
     while n < limit and all(t.blocks[n] == first[n] for t in tables[1:]):
         n += 1
     return n
+
+
+def split_prefix(pool, tables: torch.Tensor, context: torch.Tensor, shared: int):
+    """Cascade attention's metadata: the ``shared`` leading blocks of the decode rows' block
+    tables (d, W) as tiles (``block_gather_index``), each row's table and key count after them;
+    the pool counts the rows and tokens that went this way."""
+    pool.shared_prefix_rows += tables.shape[0]
+    pool.shared_prefix_tokens += shared * pool.block_size
+    return (block_gather_index(tables[:1, :shared], pool.k.shape[2]), tables[:, shared:],
+            context - shared * pool.block_size)
 
 
 def cascade_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -255,12 +267,10 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     ``mask`` (B, 1, W*S): the keys each row sees (None: all of them). With ``return_lse``, also
     each query's log-sum-exp of scores (B, H), to merge with attention over other keys."""
     B, H, _, D = q.shape
-    S = v_pool.shape[2]
-    W = key_rows.shape[0] // (B * H)
+    S, W = v_pool.shape[2], key_rows.shape[0] // (B * H)
     weights = (q * (1 / math.sqrt(D))).view(B, H, 1, D).expand(B, H, W, D)
-    scores = F.embedding_bag(key_rows, k_pool.view(-1, S), mode="sum",
-                             per_sample_weights=weights.reshape(key_rows.shape))  # (B*H*W, S)
-    scores = scores.view(B, H, W * S)
+    scores = F.embedding_bag(key_rows, k_pool.view(-1, S), mode="sum",  # (B*H*W, S)
+                             per_sample_weights=weights.reshape(key_rows.shape)).view(B, H, W * S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)                                          # (B, H, N)
@@ -291,3 +301,33 @@ def gather_blocks(k_pool: torch.Tensor, v_pool: torch.Tensor, tiles: torch.Tenso
     k.copy_(k_tiles.transpose(1, 2))                                       # (B*K*W, S, D)
     v = torch.index_select(v_pool.view(num_blocks * K, S, D), 0, tiles, out=buffers["v"][:n])
     return k.view(batch, K, -1, D), v.view(batch, K, -1, D)
+
+
+# -- the runner: one forward pass of the model over Span rows -------------------------------------
+class ModelRunner(Runner):
+    """Runs forward passes of ``model`` over ``cache`` (a ``PagedKVCache``)."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.device = cache.k.device
+        self._generators = weakref.WeakKeyDictionary()  # each sequence's stream on the device
+
+    def generator(self, seq) -> torch.Generator | None:
+        """``seq``'s random stream on the pool's device (on a GPU: seeded from its own)."""
+        if seq.generator is not None and self.device.type != "cpu" and seq not in self._generators:
+            self._generators[seq] = torch.Generator(self.device).manual_seed(
+                seq.generator.initial_seed())
+        return self._generators.get(seq, seq.generator)
+
+    @torch.inference_mode()
+    def forward(self, rows: list[Span]) -> list[int]:
+        """One forward pass over ``rows`` (one-token rows first): a token per row, sampled at
+        its last new token (drawn only where ``row.emits``)."""
+        ids, positions, meta = prepare([r.seq.table for r in rows], [r.seq.token_slice(
+            r.start, r.new) for r in rows], [r.start for r in rows], self.cache)
+        logits = self.model(ids, positions, meta, logits_at=meta.last_index)[0]  # (rows, V)
+        requests = [r.seq.request for r in rows]
+        return sample(logits, torch.tensor([q.temperature for q in requests], dtype=torch.float32),
+                      [self.generator(r.seq) if r.emits else None for r in rows],
+                      torch.tensor([q.top_k for q in requests], dtype=torch.int64),
+                      torch.tensor([q.top_p for q in requests], dtype=torch.float32))

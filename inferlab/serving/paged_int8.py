@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 
 from inferlab.model.kv_cache import Int8KVCache
-from inferlab.serving.block_manager import BlockManager
-from inferlab.serving.paged_cache import PagedKVCache, cache_dtype
+from inferlab.serving.paged_cache import BlockManager, PagedKVCache, cache_dtype
 
 
 class Int8PagedKVCache(PagedKVCache):

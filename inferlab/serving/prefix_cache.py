@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable
+from inferlab.serving.paged_cache import BlockAllocator, BlockManager, BlockTable
 
 
 def block_hashes(tokens, block_size: int, salt: str | None = None) -> list[int]:

@@ -1,4 +1,4 @@
-"""A request, and the sequence the engine makes of it: data that every part reads.
+"""A request, the sequence the engine makes of it, and the spans of it a forward pass runs.
 
 A ``Request`` is what a client sends: prompt token ids, how many tokens to generate at most,
 when it arrives, the tokens that end it early (end-of-sequence), and how to sample (a
@@ -6,7 +6,11 @@ temperature, top-k, top-p and a seed). Inside the engine each request becomes a 
 which holds its request and adds what the engine changes as it serves it: the tokens produced
 so far and when each came out, how many of its tokens hold K/V, its status and its block table.
 Only the scheduler changes a sequence (nano-vllm's ``sequence.py`` plays the same part); whether
-a request can be served at all is ``inferlab.serving.validate``'s question, asked once.
+a request can be served at all is ``inferlab.validation``'s question, asked once. A ``Span`` is
+one row of a forward pass: some of a sequence's tokens, from a position on, and whether the
+token sampled after them is kept; the scheduler lays each step out in spans
+(``inferlab.serving.scheduler.Step.plan``), and the loop and the runners read them. All of it
+is data that every part reads.
 
 One definition every part of the engine shares: a request that may generate ``n`` tokens stores
 the K/V of at most ``longest_tokens(prompt_len, n) = prompt_len + n - 1`` tokens, because the
@@ -19,6 +23,7 @@ from __future__ import annotations
 import enum
 import numbers
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -73,6 +78,11 @@ class Request:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _token_ids(self.prompt))
         object.__setattr__(self, "eos_token_ids", _token_ids(self.eos_token_ids))
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens whose K/V the request stores at its longest (``longest_tokens``)."""
+        return longest_tokens(len(self.prompt), self.max_new_tokens)
 
 
 class Status(enum.Enum):
@@ -145,16 +155,13 @@ class Sequence:
     def token_slice(self, start: int, n: int) -> list[int]:
         """Tokens ``start .. start + n - 1`` of prompt + output, without building the whole list."""
         p = len(self.request.prompt)
-        if start >= p:
-            return self.output[start - p:start - p + n]
-        if start + n <= p:
-            return list(self.request.prompt[start:start + n])
-        return [*self.request.prompt[start:], *self.output[:start + n - p]]
+        return [*self.request.prompt[start:start + n],
+                *self.output[max(start - p, 0):max(start + n - p, 0)]]
 
     @property
     def max_tokens(self) -> int:
-        """Tokens whose K/V the sequence stores at its longest (``longest_tokens``)."""
-        return longest_tokens(len(self.request.prompt), self.request.max_new_tokens)
+        """Tokens whose K/V the sequence stores at its longest (``Request.max_tokens``)."""
+        return self.request.max_tokens
 
     @property
     def stopped(self) -> bool:
@@ -174,3 +181,13 @@ class Sequence:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt)}, "
                 f"output={len(self.output)}/{self.max_new_tokens}, computed={self.num_computed}, "
                 f"preempted={self.num_preemptions})")
+
+
+class Span(NamedTuple):
+    """One row of a forward pass: ``new`` tokens of ``seq`` from position ``start`` on."""
+
+    seq: Sequence
+    new: int        # tokens run through the model
+    start: int      # their first position: the tokens before it hold K/V already
+    prefill: bool   # prompt work (a whole prompt, a chunk, a recompute); False: one decode token
+    emits: bool     # it computes the sequence's last uncomputed token: its token is kept

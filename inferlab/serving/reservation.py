@@ -10,7 +10,7 @@ system knows in advance:
   knew it to within a factor of two (Orca-Pow2);
 - ``exact``: exactly its longest length, which needs an oracle (Orca-Oracle).
 
-Paging (``inferlab.serving.block_manager``) holds whole blocks of the tokens stored so far.
+Paging (``inferlab.serving.paged_cache``) holds whole blocks of the tokens stored so far.
 ``slots_held`` says how many token slots a request holds under each of the four; it is also
 Lab 3's exercise. Regions are placed first fit, so a freed region leaves a hole that a later,
 larger request may not fit into (external fragmentation).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from inferlab.serving.block_manager import OutOfBlocksError, blocks_for
+from inferlab.serving.paged_cache import OutOfBlocksError, blocks_for
 from inferlab.serving.interfaces import MemoryManager
 from inferlab.validation import positive_ints
 

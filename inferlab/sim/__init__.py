@@ -14,5 +14,11 @@ run, a trace grown until it stops changing, the highest rate within an SLO), ``r
 latency-throughput curves and steady states), ``disaggregation`` (a cluster of prefill, decode
 or colocated instances on one timeline, its router, KV transfers and failures), ``goodput``
 (per-GPU goodput: the steady-state search on a cluster), ``cluster_study`` (Chapter 7's stored
-comparison of colocated, chunked and disaggregated clusters).
+comparison of colocated, chunked and disaggregated clusters); and the studies built on the
+simulator: ``step_fit`` (the step-time model fitted to the engine's logged steps),
+``cost_limits`` (what holds a simulated batch down), ``token_cost`` (dollars per million tokens
+from the roofline floor and from the steady-state simulator within an SLO; the dollar formulas
+and the sizes at a precision it offers by name live below, in ``inferlab.analysis.prices`` and
+``inferlab.analysis.step_time``) and ``cost_calculator`` (Chapter 8's calculator and its
+widget).
 """

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from inferlab.serving.block_manager import BlockAllocator, BlockManager, BlockTable, blocks_for
+from inferlab.serving.paged_cache import BlockAllocator, BlockManager, BlockTable, blocks_for
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.prefix_cache import PrefixCache

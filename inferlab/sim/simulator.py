@@ -2,9 +2,9 @@
 
 A serving run is a sequence of iterations, and an iteration's cost depends on few things: how
 many prompt tokens it prefills, how many sequences it decodes and how many K/V tokens those
-attend over. So a simulator can replay a trace with the *real* scheduler and block manager (``inferlab.serving.scheduler``,
-``inferlab.serving.block_manager``) and the *real* loop (``inferlab.serving.loop.StepLoop``), and
-replace only the model by a cost model that says how long each step takes, charged to a
+attend over. So a simulator can replay a trace with the *real* scheduler and block manager
+(``inferlab.serving.scheduler``, ``inferlab.serving.paged_cache``) and the *real* loop
+(``inferlab.serving.loop.StepLoop``), and replace only the model by a cost model that says how long each step takes, charged to a
 virtual clock. Policy effects (queueing, preemption, batch occupancy) are then exact, and only
 step times are modelled; ``simulate`` returns the same ``Run`` as ``serve``. Two cost models:
 
@@ -32,16 +32,15 @@ from typing import Iterable, Protocol
 import numpy as np
 import torch
 
-from inferlab.serving.block_manager import blocks_for
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.iteration import Iteration
 from inferlab.serving.loop import StepLoop, VirtualClock
+from inferlab.serving.paged_attention import ModelRunner
+from inferlab.serving.paged_cache import blocks_for
 from inferlab.serving.paged_int8 import pool_for
-from inferlab.serving.policies import Span
-from inferlab.serving.request import Request, Sequence, longest_tokens
+from inferlab.serving.request import Request, Sequence, Span, longest_tokens
 from inferlab.serving.run import Run
-from inferlab.serving.runner import ModelRunner
 from inferlab.sim.work import CountingScheduler, Work
 from inferlab.timing import time_fn
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import MemoryManager
-from inferlab.serving.policies import Span
-from inferlab.serving.request import Sequence
+from inferlab.serving.request import Sequence, Span
 from inferlab.serving.scheduler import Scheduler
 
 

@@ -1,4 +1,4 @@
-"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.block_manager`` (the reference
+"""Checks for Lab 3, "PagedAttention". Oracles: ``inferlab.serving.paged_cache`` (the reference
 allocator and block table), contiguous ``scaled_dot_product_attention`` on the same K/V, the
 contiguous ``KVCache``, ``inferlab.serving.reservation.slots_held``, the defining property of
 a chained hash, softmax attention over all the keys at once (for the log-sum-exp merge) and
@@ -18,10 +18,9 @@ from inferlab.course.checks import (CheckFailed, expect_close, expect_equal, exp
                                     lends, run_check)
 from inferlab.model.kv_cache import KVCache
 from inferlab.model.llama import build_model
-from inferlab.serving.block_manager import (BlockAllocator, BlockStateError, BlockTable,
-    OutOfBlocksError)
+from inferlab.serving.paged_cache import (BlockAllocator, BlockStateError, BlockTable,
+    OutOfBlocksError, PagedKVCache)
 from inferlab.serving.config import ServingConfig
-from inferlab.serving.paged_cache import PagedKVCache
 from inferlab.serving.shared_prefix import bytes_read, merge
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
@@ -53,8 +52,8 @@ def allocator(cls):
                      hint="hand out each free block once; every block id is in 0..num_blocks-1.")
         expect_equal("num_free after allocating all 4", a.num_free, 0)
         _expect_raises("allocate() with no free block", OutOfBlocksError, a.allocate,
-                       "raise inferlab.serving.block_manager.OutOfBlocksError (not IndexError from an empty "
-                       "list) so a scheduler can catch it and preempt.")
+                       "raise inferlab.serving.paged_cache.OutOfBlocksError (not IndexError "
+                       "from an empty list) so a scheduler can catch it and preempt.")
         b = got[0]
         expect_equal("fork(b) returns", a.fork(b), b, hint="fork returns the same block id.")
         expect_equal("refcount after one fork", a.refcount(b), 2,

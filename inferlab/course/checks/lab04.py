@@ -3,8 +3,8 @@
 Oracles that need no solution:
 
 - the scheduling policies are replayed on fixed traces under memory pressure, step by step,
-  against ``inferlab.serving.policies`` (with a hint naming the first rule broken), and the
-  continuous one also drives the real engine, whose every output must equal generating that
+  against the policies of ``inferlab.serving.scheduler`` (with a hint naming the first rule
+  broken), and the continuous one also drives the real engine, whose every output must equal generating that
   request alone with the contiguous KV cache (``inferlab.course.checks.oracle``), preemptions
   included;
 - the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
@@ -22,8 +22,8 @@ import torch
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.analysis import formulas
-from inferlab.serving import metrics, policies
-from inferlab.serving.block_manager import OutOfBlocksError
+from inferlab.serving import metrics, scheduler
+from inferlab.serving.paged_cache import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
@@ -165,12 +165,12 @@ def static_policy(fn):
     """Exercise 4.1: ``static_policy(sched, now) -> Step`` (request-level batching)."""
     def cases(f):
         for trace in _TRACES:
-            want, _ = _replay(policies.static_policy, trace)
+            want, _ = _replay(scheduler.static_policy, trace)
             got, sched = _call(f, trace)
             _compare("static_policy", got, want, trace, _static_hint)
             expect_equal(f"free blocks after {_where(trace)}", sched.memory.num_free,
                          sched.memory.num_blocks, hint="retire every member when the batch ends.")
-    return run_check("4.1", "static_policy", fn, policies.static_policy, cases,
+    return run_check("4.1", "static_policy", fn, scheduler.static_policy, cases,
                      success="no one joins a batch in flight, and padding rows wait for the longest.")
 
 
@@ -178,7 +178,7 @@ def continuous_policy(fn):
     """Exercise 4.2: ``continuous_policy(sched, now) -> Step``, with preemption by recompute."""
     def cases(f):
         for trace in _TRACES:
-            want, _ = _replay(policies.continuous_policy, trace)
+            want, _ = _replay(scheduler.continuous_policy, trace)
             got, sched = _call(f, trace)
             _compare("continuous_policy", got, want, trace, _continuous_hint)
             expect_equal(f"free blocks after {_where(trace)}", sched.memory.num_free,
@@ -199,7 +199,7 @@ def continuous_policy(fn):
                          hint="with the same scheduler decisions the engine recomputes a "
                               "preempted request from its prompt and output; a difference "
                               "means a sequence was run at the wrong time.")
-    return run_check("4.2", "continuous_policy", fn, policies.continuous_policy, cases,
+    return run_check("4.2", "continuous_policy", fn, scheduler.continuous_policy, cases,
                      success="under memory pressure every request's tokens equal generating it "
                              "alone, preemptions included.")
 

@@ -284,7 +284,7 @@ def _reference_truncate(table, num_tokens):
 def truncate(fn):
     """Exercise 6.5: ``truncate(table, num_tokens)``: roll a block table back after a
     verification, freeing the blocks that held only rejected tokens."""
-    from inferlab.serving.block_manager import BlockAllocator, BlockTable, blocks_for
+    from inferlab.serving.paged_cache import BlockAllocator, BlockTable, blocks_for
 
     def cases(f):
         gen = torch.Generator().manual_seed(5)

@@ -3,7 +3,7 @@
 Oracles that need no solution:
 
 - the chunked policy is replayed on fixed traces, with long prompts and too little memory for
-  everyone at once, step by step against ``inferlab.serving.policies.chunked_policy`` (with a
+  everyone at once, step by step against ``inferlab.serving.scheduler.chunked_policy`` (with a
   hint naming the first rule broken), and it also drives the real engine, whose every output
   must equal generating that request alone (``inferlab.course.checks.oracle``: a 2-layer
   ``tiny`` model in float64, so that no rounding can flip a greedy choice);
@@ -19,8 +19,8 @@ from inferlab.analysis import formulas, request_time
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.course.checks.oracle import alone, tiny_model
 from inferlab.model.config import ModelConfig
-from inferlab.serving import policies
-from inferlab.serving.block_manager import OutOfBlocksError
+from inferlab.serving import scheduler
+from inferlab.serving.paged_cache import OutOfBlocksError
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.engine import serve
@@ -126,7 +126,7 @@ def chunked_policy(fn):
     """Exercise 7.1: ``chunked_policy(sched, now) -> Step`` with a token budget per step."""
     def cases(f):
         for trace in _TRACES:
-            want, _ = _replay(policies.chunked_policy, trace)
+            want, _ = _replay(scheduler.chunked_policy, trace)
             got, sched = _call(f, trace)
             for i, (g, w) in enumerate(zip(got, want)):
                 if g != w:
@@ -151,7 +151,7 @@ def chunked_policy(fn):
                          list(alone(request.prompt, request.max_new_tokens)),
                          hint="a chunk must continue where the last one stopped; the step "
                               "that computes a prompt's last chunk samples its first token.")
-    return run_check("7.1", "chunked_policy", fn, policies.chunked_policy, cases,
+    return run_check("7.1", "chunked_policy", fn, scheduler.chunked_policy, cases,
                      success="no step runs more than its budget, decodes never wait for a "
                              "prompt, and every output equals generating the request alone.")
 

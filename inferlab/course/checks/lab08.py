@@ -1,6 +1,6 @@
 """Checks for Lab 8, "What a token costs, and on which chip".
 
-Oracles that need no solution: the cost formulas of ``inferlab.analysis.token_cost``
+Oracles that need no solution: the cost formulas of ``inferlab.sim.token_cost``
 (``usd_per_million``, ``bandwidth_floor_usd_per_m``, ``window_costs``, ``break_even_price``),
 the task pricing of ``inferlab.analysis.agent_cost`` and ``inferlab.analysis.chips``'s
 ``chips_for_bytes``, each evaluated on cases the check builds itself (prices, model sizes, a
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
-from inferlab.analysis import agent_cost, chips, token_cost
+from inferlab.analysis import agent_cost, chips
 from inferlab.analysis.prices import TokenPrice
 from inferlab.course.checks import CheckFailed, expect_close, lends, run_check
 from inferlab.serving.metrics import Percentiles
+from inferlab.sim import token_cost
 from inferlab.sim.steady_state import Window
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's

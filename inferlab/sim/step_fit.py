@@ -16,7 +16,7 @@ the measured shapes; the agreement is reported on the OTHER half, beside the sim
 how far a small model on a CPU is from its roofline; they are not a property of the model of
 time. Timings vary with the machine's load, so nothing here is a pass/fail verdict.
 
-    python -m inferlab.analysis.step_fit        # about a minute on a 2-core CPU
+    python -m inferlab.sim.step_fit        # about a minute on a 2-core CPU
 """
 
 from __future__ import annotations

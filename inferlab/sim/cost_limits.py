@@ -1,7 +1,7 @@
 """What held a simulated server's batch down, read from its own stored search.
 
 Chapter 8's cost of an output token is set by the batch the server ran within its SLO
-(``inferlab.analysis.token_cost``). Why that batch and not a larger one is a question each row
+(``inferlab.sim.token_cost``). Why that batch and not a larger one is a question each row
 answers for itself, from its own record (``data/simulations/ch08_costs.json``), not from a
 general story:
 

@@ -21,13 +21,20 @@ Two ways to get the tokens per second, which the cost calculator puts side by si
 
 A precision sets the bytes per weight, per cached K/V number and the format, so the peak, of
 the arithmetic: ``inferlab.analysis.step_time.PRECISIONS`` (16-bit, weight-only int8 and int4
-in 16-bit arithmetic, W8A8 FP8 at the FP8 peak) and the two 4-bit block formats below (NVFP4
-on NVIDIA's FP4 tensor cores, MXFP4 on AMD's), each with an FP8 cache. A model too large for one device runs on
-``group_size`` devices split by tensor parallelism: each does 1/N of every kernel, the group
-holds N times the memory and costs N times the price, and each layer's all-reduces cross the
-device's GPU link (the step-time model's collective kernel).
+in 16-bit arithmetic, W8A8 FP8 at the FP8 peak) and the two 4-bit block formats
+(``FOUR_BIT``: NVFP4 on NVIDIA's FP4 tensor cores, MXFP4 on AMD's), each with an FP8 cache. A
+model too large for one device runs on ``group_size`` devices split by tensor parallelism:
+each does 1/N of every kernel, the group holds N times the memory and costs N times the price,
+and each layer's all-reduces cross the device's GPU link (the step-time model's collective
+kernel).
 
-``python -m inferlab.analysis.token_cost`` prints Chapter 8's cost table from the stored
+The dollar formulas (``usd_per_million``, ``bandwidth_floor_usd_per_m``, ``break_even_price``)
+live in ``inferlab.analysis.prices``, and the 4-bit formats and the sizes at a precision
+(``NVFP4``, ``MXFP4``, ``cost_precision``, ``weight_bytes``, ``kv_bytes_per_token``) in
+``inferlab.analysis.step_time``, below the chip studies that use them too; this module offers
+them by name to Chapter 8 and Lab 8.
+
+``python -m inferlab.sim.token_cost`` prints Chapter 8's cost table from the stored
 simulations (``data/simulations/ch08_costs.json``) and today's prices (``data/prices.csv``);
 ``--write`` recomputes the simulations (several minutes) and stores them.
 """
@@ -41,45 +48,28 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from inferlab.analysis import formulas
-from inferlab.analysis.cost_limits import BatchLimit, batch_limit
 from inferlab.analysis.cost_split import PhaseSplit, split_run
 from inferlab.analysis.hardware import DeviceSpec, get_device_spec
-from inferlab.analysis.step_time import PRECISIONS as _ALL, Precision, StepModel, precision
 from inferlab.analysis.prices import DevicePrice, device_price
+# offered here by name too (Chapter 8, Lab 8): the dollar formulas and the sizes at a precision
+from inferlab.analysis.prices import (bandwidth_floor_usd_per_m, break_even_price,  # noqa: F401
+    usd_per_million)
+from inferlab.analysis.step_time import (FOUR_BIT, MXFP4, NVFP4, PRECISIONS as _ALL,  # noqa: F401
+    StepModel, cost_precision, kv_bytes_per_token, precision, weight_bytes)
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
 from inferlab.serving.config import BLOCK_SIZE, ServingConfig
 from inferlab.serving.metrics import SLO
+from inferlab.sim.cost_limits import BatchLimit, batch_limit
 from inferlab.sim.records import capacity_from_dict, capacity_to_dict
 from inferlab.sim.simulator import simulate
 from inferlab.sim.steady_state import (Criterion, SLOCapacity, Window, capacity_at_slo,
     saturation_estimate, simulated, window)
 from inferlab.sim.workloads import Workload
 
-MILLION = 1e6
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
 # before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
 SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2))
-
-
-def usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
-    """Dollars per million tokens for a device at ``usd_per_hour`` serving ``tokens_per_s``."""
-    if usd_per_hour < 0 or tokens_per_s <= 0:
-        raise ValueError(f"need a price >= 0 and a positive rate, got {usd_per_hour}, "
-                         f"{tokens_per_s}")
-    return usd_per_hour / 3600 / tokens_per_s * MILLION
-
-
-def bandwidth_floor_usd_per_m(weight_bytes: float, kv_bytes_per_token: float, bandwidth: float,
-                              batch: int, context: int, usd_per_hour: float) -> float:
-    """Dollars per million output tokens when decode runs at the bandwidth floor.
-
-    A step of ``batch`` sequences of ``context`` tokens reads the weights once and every
-    sequence's K/V: (W + batch x context x KV) / bandwidth seconds for ``batch`` tokens.
-    """
-    step = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
-    return usd_per_million(usd_per_hour, batch / step)
 
 
 def window_costs(window: Window, usd_per_hour: float,
@@ -94,49 +84,11 @@ def window_costs(window: Window, usd_per_hour: float,
             usd_per_million(usd_per_hour * (1 - prefill_share), window.achieved_out_tok_s))
 
 
-def break_even_price(fast_usd_per_hour: float, fast_tokens_per_s: float,
-                     slow_tokens_per_s: float) -> float:
-    """The hourly price at which the slower device's tokens cost what the faster one's do."""
-    return fast_usd_per_hour * slow_tokens_per_s / fast_tokens_per_s
-
-
-# 4-bit floats with their block scales (E2M1 elements; one scale per block). NVFP4 is NVIDIA's
-# production format on Blackwell (16-element blocks, an E4M3 scale, and one FP32 scale per
-# tensor, negligible per weight): 4.5 bits a weight. MXFP4 is the OCP MX format AMD's MI355X
-# computes (32-element blocks, an E8M0 scale): 4.25 bits. Both run at the chip's FP4 peak with
-# 4-bit activations (W4A4); the K/V cache stays in FP8 (our choice, stated where priced).
-E2M1_BITS, SCALE_BITS = 4, 8
-NVFP4_BLOCK, MX_BLOCK = 16, 32
-NVFP4 = Precision("nvfp4", (E2M1_BITS + SCALE_BITS / NVFP4_BLOCK) / 8, 1, "fp4",
-                  "NVFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 16 with an "
-                  "E4M3 scale: 4.5 bits a weight); FP8 KV cache")
-MXFP4 = Precision("mxfp4", (E2M1_BITS + SCALE_BITS / MX_BLOCK) / 8, 1, "fp4",
-                  "MXFP4 weights and activations on FP4 tensor cores (E2M1 in blocks of 32 with an "
-                  "E8M0 scale: 4.25 bits a weight); FP8 KV cache")
-FOUR_BIT = {p.name: p for p in (NVFP4, MXFP4)}
-
 # The precisions the calculator and Chapter 8 price. None computes at a peak other than its own
 # format's: the weight-only formats dequantise into 16-bit arithmetic (their real mechanism),
 # FP8 is W8A8 at the FP8 peak, the 4-bit formats W4A4 at the FP4 peak.
 PRECISIONS = {**{name: _ALL[name] for name in ("bf16", "int8 weights", "int4 weights", "fp8")},
               **FOUR_BIT}
-
-
-def cost_precision(prec: Precision | str) -> Precision:
-    """A precision by name: one of ``FOUR_BIT``, else ``step_time.precision``."""
-    if isinstance(prec, str) and prec in FOUR_BIT:
-        return FOUR_BIT[prec]
-    return precision(prec)
-
-
-def weight_bytes(config: ModelConfig, prec: Precision | str) -> float:
-    """Bytes the weights occupy at ``prec`` (``formulas.weight_bytes``: input embedding included)."""
-    return formulas.weight_bytes(config, cost_precision(prec).bytes_per_weight)
-
-
-def kv_bytes_per_token(config: ModelConfig, prec: Precision | str) -> float:
-    """KV-cache bytes per token at ``prec`` (``formulas.kv_bytes_per_token``)."""
-    return formulas.kv_bytes_per_token(config, cost_precision(prec).bytes_per_kv)
 
 
 KV_SHARE = 0.4  # the least share of a device group's memory left for the KV cache
@@ -201,7 +153,7 @@ class SimulatedCost:
             return window_costs(self.window, self.usd_per_hour)
         if self.split is None:
             raise ValueError("this cost has no kernel-time split: it is stored by "
-                             "python -m inferlab.analysis.token_cost --write")
+                             "python -m inferlab.sim.token_cost --write")
         return window_costs(self.window, self.usd_per_hour, self.split.prefill_share(convention))
 
     @property
@@ -291,7 +243,7 @@ class CostCase:
         return config.num_blocks * config.block_size // (self.prompt + self.output)
 
     def limit(self, capacity: SLOCapacity) -> BatchLimit:
-        """What held the batch down in ``capacity`` (``inferlab.analysis.cost_limits``)."""
+        """What held the batch down in ``capacity`` (``inferlab.sim.cost_limits``)."""
         return batch_limit(capacity, self.max_batch, self.fits(), self.ttft_s, self.tpot_s)
 
     @property
@@ -402,7 +354,7 @@ def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dic
 
     from inferlab.measurements import git_commit
 
-    command = "python -m inferlab.analysis.token_cost --write" + (" --reuse" if reuse else "")
+    command = "python -m inferlab.sim.token_cost --write" + (" --reuse" if reuse else "")
     record = {"provenance": {"command": command, "date": _dt.date.today().isoformat(),
                              "git_commit": git_commit()},
               "cases": []}
@@ -465,7 +417,7 @@ def stored_case(case: CostCase) -> Stored:
     table = stored()
     if case_key(case) not in table:
         raise KeyError(f"{case} is not in data/simulations/{NAME}: add it to chapter_cases() "
-                       "and run python -m inferlab.analysis.token_cost --write")
+                       "and run python -m inferlab.sim.token_cost --write")
     return table[case_key(case)]
 
 

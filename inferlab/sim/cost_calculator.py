@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.analysis.chips import max_batch
-from inferlab.analysis.token_cost import PRECISIONS, CostCase, Floor, SimulatedCost, stored_cost
+from inferlab.sim.token_cost import PRECISIONS, CostCase, Floor, SimulatedCost, stored_cost
 from inferlab.analysis.widgets import redrawing, widget_or_figure
 from inferlab.model.config import model_presets
 
