@@ -359,8 +359,10 @@ TPOT_BOUNDS = (0.015, 0.02, 0.03, 0.05, 0.1)
 
 
 # Fewer bytes per weight, each on a device that computes the format: weight-only int8 and int4
-# and W8A8 FP8 on the H100, FP8 and NVFP4 on the B200 (Hopper has no FP4 tensor cores).
-PRECISION_CASES = {"H100 SXM": ("int8 weights", "int4 weights", "fp8"),
+# and W8A8 FP8 on the H100, FP8 and NVFP4 on the B200 (Hopper has no FP4 tensor cores). On the
+# H100 also FP8's bytes at the 16-bit peak ("fp8 weights and KV"), not a format to serve but the
+# control that tells FP8's bytes from its peak.
+PRECISION_CASES = {"H100 SXM": ("int8 weights", "int4 weights", "fp8 weights and KV", "fp8"),
                    "B200": ("fp8", "nvfp4")}
 
 
