@@ -60,7 +60,16 @@ from inferlab.sim.workloads import Workload
 MILLION = 1e6
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
 # before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
-SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2))
+SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2), rtol=0.05)
+
+
+def compare_rates(a: float, b: float, rtol: float = SEARCH["rtol"]) -> str:
+    """``a`` against ``b``, two capacities the search found: "indistinguishable" when they lie
+    within the search's resolution of each other (each is the highest rate that met, within a
+    factor 1 + ``rtol`` of the lowest that missed), else "higher" or "lower"."""
+    if max(a, b) <= (1 + rtol) * min(a, b):
+        return "indistinguishable"
+    return "higher" if a > b else "lower"
 
 
 def usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
