@@ -404,31 +404,66 @@ def _search(job: tuple[CostCase, SLOCapacity | None]) -> tuple[SLOCapacity, Phas
     return cap, (case.split(cap) if cap.state is not None else None), "searched"
 
 
-def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dict:
+def _entry(case: CostCase, cap: SLOCapacity, split: PhaseSplit | None, how: str) -> dict:
+    """One case as the record stores it."""
+    return {"case": asdict(case), "inputs": inputs(case), "search": how,
+            "capacity": capacity_to_dict(cap), "split": split.to_dict() if split else None}
+
+
+def _cache_file(cache: str, case: CostCase) -> Path:
+    """Where ``--cache`` keeps one case's entry: keyed by the case, today's table numbers
+    (``inputs``) and the search's settings, so a changed input is searched again."""
+    import hashlib
+
+    key = json.dumps([asdict(case), inputs(case), repr(SEARCH)], sort_keys=True, default=str)
+    return Path(cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _search_cached(job: tuple[CostCase, SLOCapacity | None, str | None]) -> dict:
+    """``_search`` as a stored entry, or the entry an interrupted run of the same inputs left
+    under ``cache``."""
+    case, cap, cache = job
+    if cache is not None and _cache_file(cache, case).exists():
+        return json.loads(_cache_file(cache, case).read_text(encoding="utf-8"))
+    entry = _entry(case, *_search((case, cap)))
+    if cache is not None:
+        f = _cache_file(cache, case)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(entry), encoding="utf-8")
+    return entry
+
+
+def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False,
+          cache: str | None = None) -> dict:
     """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
     returns the record. ``reuse``: keep the stored search of a case when today's simulator and
     step-time model, serving its window's trace again, reproduce that window exactly (every
-    step's time and every request's tokens); otherwise search again. Each case records which."""
+    step's time and every request's tokens); otherwise search again. Each case records which.
+    ``cache``: a folder where each case's entry is kept as it finishes, so an interrupted run
+    resumes where it stopped (an entry is used only for the same case, table numbers and search
+    settings)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from inferlab.measurements import git_commit
 
-    command = "python -m inferlab.analysis.token_cost --write" + (" --reuse" if reuse else "")
+    command = ("python -m inferlab.analysis.token_cost --write" + (" --reuse" if reuse else "")
+               + (" --cache DIR" if cache else ""))
     record = {"provenance": {"command": command, "date": _dt.date.today().isoformat(),
                              "git_commit": git_commit()},
               "cases": []}
     cases = list(cases or chapter_cases())
     old = stored() if reuse and data_path("simulations", NAME).exists() else {}
-    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None) for c in cases]
+    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None, cache)
+             for c in cases]
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    found = pool.map(_search, jobs_) if pool else map(_search, jobs_)
-    for case, (cap, split, how) in zip(cases, found):
+    found = pool.map(_search_cached, jobs_) if pool else map(_search_cached, jobs_)
+    for case, entry in zip(cases, found):
+        cap = capacity_from_dict(entry["capacity"])
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
                  f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes, "
-                 f"{how}), batch held by {case.limit(cap) if cap.state else '-'}", flush=True)
-        record["cases"].append({"case": asdict(case), "inputs": inputs(case), "search": how,
-                                "capacity": capacity_to_dict(cap),
-                                "split": split.to_dict() if split else None})
+                 f"{entry['search']}), batch held by {case.limit(cap) if cap.state else '-'}",
+                 flush=True)
+        record["cases"].append(entry)
     if pool:
         pool.shutdown()
     out = data_path("hardware.csv").parent / "simulations" / NAME
@@ -521,11 +556,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes for --write")
     parser.add_argument("--reuse", action="store_true",
                         help="with --write: keep stored searches whose inputs are unchanged")
+    parser.add_argument("--cache", default=None,
+                        help="with --write: keep each case's entry in this folder as it "
+                             "finishes, so an interrupted run resumes")
     parser.add_argument("--provider", default="CoreWeave",
                         help="whose prices (data/prices.csv) to use (default CoreWeave)")
     args = parser.parse_args(argv)
     if args.write:
-        write(jobs=args.jobs, reuse=args.reuse)
+        write(jobs=args.jobs, reuse=args.reuse, cache=args.cache)
     print(cost_table(args.provider))
 
 
