@@ -38,6 +38,7 @@ import argparse
 import datetime as _dt
 import functools
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -429,7 +430,9 @@ def _search_cached(job: tuple[CostCase, SLOCapacity | None, str | None]) -> dict
     if cache is not None:
         f = _cache_file(cache, case)
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(entry), encoding="utf-8")
+        part = f.with_suffix(f".{os.getpid()}.part")   # renamed whole: a reader sees all or none
+        part.write_text(json.dumps(entry), encoding="utf-8")
+        part.replace(f)
     return entry
 
 
