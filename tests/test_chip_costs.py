@@ -185,3 +185,21 @@ def test_power_beyond_the_chip():
         cc.own_vs_rent([4.0] * 24, 7.4, 1100, 0.0904, pue=0.9)
     with pytest.raises(ValueError):
         cc.server_other_w(7000, 8, 1000)
+
+
+def test_each_kernel_class_says_what_binds_it():
+    """FP8's bytes at the 16-bit peak, and FP8 itself, at their best batches on the B300: the
+    linear kernel turns compute-bound while the cache reads stay memory-bound, which a sum over
+    the kernels would hide."""
+    b300 = cc.chip("B300 (HGX)")
+    model = StepModel.for_device(LLAMA70, b300.spec, cc.chip_precision(b300, cc.BYTES_ONLY))
+    assert model.peak_flops == b300.spec.peak_flops("bfloat16")
+    assert cc.chip_precision(b300, cc.BYTES_ONLY).bytes_per_weight == 1
+    bf16 = cc.best_point(LLAMA70, b300, "bf16", 2000, 0.05)
+    assert bf16.memory_bound and all(k.memory_s >= k.compute_s for k in bf16.kernels)
+    for prec in (cc.BYTES_ONLY, "fp8"):
+        point = cc.best_point(LLAMA70, b300, prec, 2000, 0.05)
+        linear, attention = point.kernel("linear"), point.kernel("attention")
+        assert linear.compute_s > linear.memory_s and linear.bound == "compute"
+        assert attention.bound == "memory" and not point.memory_bound
+        assert point.step_s == pytest.approx(sum(k.seconds for k in point.kernels))

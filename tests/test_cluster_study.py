@@ -8,7 +8,7 @@ import pytest
 
 from inferlab.sim import cluster_study as cs
 from inferlab.sim.disaggregation import clustered
-from inferlab.sim.steady_state import measure
+from inferlab.sim.steady_state import MEETS, UNDECIDED, measure
 
 RERUN = "run python -m inferlab.sim.cluster_study --write"
 
@@ -41,10 +41,15 @@ def test_every_stored_search_brackets_its_answer(stored):
     for row in stored["goodput"]:
         cap = row["capacity"]
         assert row["per_gpu"] == pytest.approx(row["rate"] / row["gpus"])
-        assert cap.rate > 0 and cap.state.stable, row["design"]
+        assert cap.target == target
+        assert cap.rate > 0 and cap.verdict(cap.state) == MEETS, row["design"]
         assert cap.window.slo_attainment >= target
         above = [p for p in cap.probes if p.rate > cap.rate]
-        assert above and all(not (p.stable and p.window.slo_attainment >= target) for p in above)
+        assert above and all(cap.verdict(p) != MEETS for p in above)
+        # a rate the windows could not tell was grown before it counted as a miss
+        for p in cap.probes:
+            if cap.verdict(p) == UNDECIDED:
+                assert p.window.n_requests > cs.SEARCH[row["kind"]]["n_max"]
     designs = {(r["kind"], r["design"]) for r in stored["goodput"]}
     assert designs == {(k, n) for k in cs.KINDS for n in cs.setup()}
     f = stored["failure"]

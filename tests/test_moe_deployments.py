@@ -189,3 +189,20 @@ def test_two_batch_overlap_costs_the_larger_of_compute_and_communication():
     floor = md.decode_floor_usd_per_m(ds, 3.35e12, 2.0, b, c)
     assert floor <= md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, b, c) < \
         md.decode_step_usd_per_m(ds, "H100 SXM", 2.0, b, c, all_to_all=a2a, overlap=True)
+
+
+def test_the_dearer_all_to_all_bound_is_taken_at_a_calls_width():
+    """Both bounds reproduce DeepEP's times at its own batch; below it the one with a per-call
+    latency costs more, above it the one at the achieved bandwidth."""
+    ds = md.deepseek_layout("decode")
+    width = md.deepep_tokens()
+    assert width == 128
+    for tokens in (16, 44, 127, 129, 400):
+        chosen = md.deepseek_all_to_all_at(ds, tokens)
+        both = [md.deepseek_all_to_all(ds, fixed_latency=f) for f in (False, True)]
+        for phase in ("dispatch", "combine"):
+            cost = chosen.cost(phase, tokens)
+            assert cost.latency_s + cost.transfer_s == pytest.approx(
+                max(c.cost(phase, tokens).latency_s + c.cost(phase, tokens).transfer_s
+                    for c in both))
+        assert chosen.fixed_latency == (tokens < width)

@@ -91,10 +91,95 @@ def test_capacity_under_an_slo_sits_below_saturation():
     cap = ss.capacity_at_slo(WORK, SERVE, slo, 0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG),
                              target=0.9, n0=400, n_max=3200)
     assert 0.5 * CAPACITY < cap.rate < CAPACITY
-    assert cap.state.stable and cap.window.slo_attainment >= 0.9
+    assert cap.verdict(cap.state) == ss.MEETS and cap.window.slo_attainment >= 0.9
     failed = [p for p in cap.probes if p.rate > cap.rate]
-    assert failed and all(not (p.stable and p.window.slo_attainment >= 0.9) for p in failed)
+    assert failed and all(cap.verdict(p) != ss.MEETS for p in failed)
     assert ss.saturation_estimate(WORK, Fixed(), CONFIG) == pytest.approx(CAPACITY)
+
+
+# A criterion that never lets two lengths agree (the median would have to repeat exactly): every
+# probe ends unsettled, as a high-rate probe does when its median moves by sampling noise.
+NEVER = ss.Criterion(p50_rtol=0.0)
+SLO_FIXED = SLO(ttft_s=0.5, tpot_s=0.05)
+
+
+def test_an_unsettled_rate_that_meets_the_slo_counts_as_meeting():
+    state = ss.steady_state(WORK, 0.5 * CAPACITY, SERVE, SLO_FIXED, n0=400, n_max=3200,
+                            criterion=NEVER)
+    assert state.status == ss.UNSETTLED
+    assert all(w.slo_attainment == 1.0 for w in state.history)
+    assert ss.verdict(state, 0.9, NEVER) == ss.MEETS
+
+
+def test_a_slowly_overloaded_rate_does_not_meet_the_slo():
+    """5% above what the server can finish: it keeps up within the 5% of ``saturated`` and the
+    median never settles, but the queue grows with the trace and the SLO is lost."""
+    state = ss.steady_state(WORK, 1.05 * CAPACITY, SERVE, SLO_FIXED, n0=400, n_max=3200,
+                            criterion=NEVER)
+    assert state.status != ss.STABLE
+    assert ss.verdict(state, 0.9, NEVER) == ss.MISSES
+    assert ss.misled(state, 0.9, NEVER) == "over"   # 400 requests alone all met the SLO
+
+
+def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
+    """The same answer whichever criterion: the SLO, not the settling, sets it; every rate above
+    the answer that was tried misses or stayed undecided after its trace was grown."""
+    start = 0.5 * CAPACITY
+    usual = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=400, n_max=3200)
+    strict = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=400, n_max=3200,
+                                criterion=NEVER)
+    assert strict.criterion == NEVER and strict.target == 0.9
+    assert strict.rate > 0.5 * CAPACITY
+    assert strict.rate == pytest.approx(usual.rate, rel=0.1)
+    assert strict.verdict(strict.state) == ss.MEETS
+    for p in strict.probes:
+        if strict.verdict(p) == ss.UNDECIDED:   # grown twice past n_max before giving up
+            assert p.window.n_requests == 4 * 3200
+        if p.rate > strict.rate:
+            assert strict.verdict(p) != ss.MEETS
+
+
+def _window(n, attainment, achieved=100.0, p99=2.0, offered=100.0):
+    p = Percentiles(1.0, 1.0, 1.0, 1.0)
+    return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved, p, p,
+                     Percentiles(1.0, 1.0, 1.0, p99), attainment, math.nan, 1.0, 0.0, 1.0, 0)
+
+
+@pytest.mark.parametrize("status, windows, expected", [
+    # established: the longest window decides
+    (ss.STABLE, [(400, 1.0), (800, 0.95), (1600, 0.94)], ss.MEETS),
+    (ss.STABLE, [(400, 1.0), (800, 0.89), (1600, 0.88)], ss.MISSES),
+    (ss.OVERLOADED, [(400, 1.0), (800, 0.95, 60), (1600, 0.93, 55, 4.0)], ss.MISSES),
+    # not established: met at both longest lengths, carrying the load, tail steady
+    (ss.UNSETTLED, [(400, 1.0, 85), (800, 1.0, 97), (1600, 0.95, 101, 2.1)], ss.MEETS),
+    # missed at both: a longer trace only adds queueing
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.85), (1600, 0.88)], ss.MISSES),
+    # crossing the target, a growing tail, or a shortfall: cannot tell
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.95), (1600, 0.85)], ss.UNDECIDED),
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.95), (1600, 0.92, 100, 2.5)], ss.UNDECIDED),
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.95), (1600, 0.95, 96)], ss.UNDECIDED),
+    # too short to say anything
+    (ss.UNSETTLED, [(400, 1.0), (600, 1.0)], ss.UNDECIDED),
+])
+def test_a_verdict_reads_the_mechanism_not_the_settling(status, windows, expected):
+    state = ss.SteadyState(1.0, status, tuple(_window(*w) for w in windows))
+    assert ss.verdict(state, 0.9) == expected
+
+
+def test_a_short_trace_misled_only_where_a_longer_one_changed_the_verdict():
+    flattered = ss.SteadyState(1.0, ss.UNSETTLED, (_window(400, 1.0), _window(800, 0.85),
+                                                   _window(1600, 0.8)))
+    assert ss.misled(flattered, 0.9) == "over"
+    unsettled_but_fine = ss.SteadyState(1.0, ss.UNSETTLED, (_window(400, 1.0), _window(800, 1.0),
+                                                            _window(1600, 1.0)))
+    assert ss.verdict(unsettled_but_fine, 0.9) == ss.MEETS
+    assert ss.misled(unsettled_but_fine, 0.9) is None
+    undecided = ss.SteadyState(1.0, ss.UNSETTLED, (_window(400, 1.0), _window(800, 0.95),
+                                                   _window(1600, 0.85)))
+    assert ss.misled(undecided, 0.9) is None
+    warming = ss.SteadyState(1.0, ss.STABLE, (_window(400, 1.0, 90), _window(800, 0.95),
+                                              _window(1600, 0.95)))
+    assert ss.misled(warming, 0.9) == "under"   # the shortest trace was still filling up
 
 
 def test_results_survive_json():
@@ -102,6 +187,9 @@ def test_results_survive_json():
                             n_max=1600)
     back = records.state_from_dict(json.loads(json.dumps(records.state_to_dict(state))))
     assert back == state
+    cap = ss.SLOCapacity(state.rate, state, (state,), 0.8, NEVER)
+    again = records.capacity_from_dict(json.loads(json.dumps(records.capacity_to_dict(cap))))
+    assert again == cap
 
 
 # --- Chapter 4's stored sweep ------------------------------------------------------------------

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from inferlab.sim import token_cost as tc
+from inferlab.sim import cost_limits, token_cost as tc
+from inferlab.sim.steady_state import MEETS, MISSES, OVERLOADED, UNDECIDED
 from inferlab.sim.cost_calculator import calculate, plot_calculation
 from inferlab.analysis.figures import figure_problems
 from inferlab.analysis.hardware import get_device_spec
@@ -209,3 +210,32 @@ def test_a_chunked_run_splits_its_forwards_between_prefill_and_decode():
     # the weight reads they share with the decodes)
     in_whole, in_chunked = tc.window_costs(whole, 3.6)[0], tc.window_costs(chunked, 3.6)[0]
     assert 0.5 * in_whole < in_chunked < 2 * in_whole
+
+
+def test_two_capacities_within_the_searchs_resolution_are_indistinguishable():
+    rtol = tc.SEARCH["rtol"]
+    assert tc.compare_rates(30.0, 30.0 * (1 + rtol)) == "indistinguishable"
+    assert tc.compare_rates(30.0 * (1 + rtol), 30.0) == "indistinguishable"
+    assert tc.compare_rates(30.0 * (1 + 2 * rtol), 30.0) == "higher"
+    assert tc.compare_rates(30.0, 30.0 * (1 + 2 * rtol)) == "lower"
+
+
+def test_what_held_each_batch_is_read_from_the_searchs_own_verdicts(stored):
+    """Every rate tried above a capacity was a miss or undecided (the search is consistent),
+    and each reason matches the numbers it was read from: a cap at the cap, the device's time
+    only where the next rate fell behind, the SLO only where it kept up."""
+    for case in tc.chapter_cases():
+        cap = stored[tc.case_key(case)].capacity
+        limit = case.limit(cap)
+        assert limit.reason in cost_limits.REASONS, case
+        assert all(cap.verdict(p) != MEETS for p in cap.probes if p.rate > cap.rate), case
+        above = min((p for p in cap.probes if p.rate > cap.rate), key=lambda p: p.rate)
+        if limit.reason == "max batch":
+            assert limit.mean_batch >= cost_limits.AT_CAP * case.max_batch, case
+        elif limit.reason in ("prefill compute", "decode steps"):
+            assert above.status == OVERLOADED or above.window.saturated, case
+        elif limit.reason in ("TTFT bound", "TPOT bound"):
+            assert limit.slo_binds and not above.window.saturated, case
+            assert cap.verdict(above) == MISSES, case
+        elif limit.reason == "cannot tell":
+            assert cap.verdict(above) == UNDECIDED, case

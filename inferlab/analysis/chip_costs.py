@@ -13,7 +13,11 @@ Three questions Chapter 8 asks of the newest chips, each answered from dated, so
   E4M3 scale, 4.5 bits a weight; MXFP4 on AMD's, 32-element blocks with an E8M0 scale, 4.25
   bits), with the cache kept in FP8. A chip whose table row has no peak for a format cannot run
   it here (the TPU7x's page lists no FP4; the HBM4 chips announced for 2026 have no dense peak
-  in any source read, so only their memory and bandwidth are used).
+  in any source read, so only their memory and bandwidth are used). A ``DecodePoint`` keeps
+  its step's kernels, so each kernel class says for itself whether it is bound by its
+  arithmetic or by its bytes (a sum over the kernels would hide a compute-bound matmul behind
+  memory-bound attention). ``BYTES_ONLY`` is FP8's bytes without FP8's peak (1-byte weights and
+  cache, 16-bit arithmetic: ``step_time``'s "fp8 weights and KV"), to tell the two apart.
 - **Reasoning output as a cost driver.** ``api_request_usd`` prices one request from a row of
   ``data/api_prices_2026.csv`` (input, cached input, output, batch discount); a reasoning model
   bills its hidden chain of thought as output, so the output count, not the question, sets the
@@ -39,12 +43,13 @@ from dataclasses import dataclass
 
 from inferlab.analysis.hardware import DeviceSpec
 from inferlab.analysis.prices import TokenPrice, checked_row, token_prices, usd_per_million
-from inferlab.analysis.step_time import (MXFP4, NVFP4, PRECISIONS, Precision, Shape, StepModel,
-    kv_bytes_per_token, weight_bytes)
+from inferlab.analysis.step_time import (MXFP4, NVFP4, PRECISIONS, Kernel, Precision, Shape,
+    StepModel, kv_bytes_per_token, weight_bytes)
 from inferlab.data import read_table
 from inferlab.model.config import ModelConfig
 
 CHIP_PRECISIONS = ("bf16", "fp8", "fp4")
+BYTES_ONLY = "fp8 weights and KV"     # FP8's bytes at the 16-bit peak: not a format to serve
 # The 4-bit format each vendor's FP4 peak is quoted for: NVFP4 is NVIDIA's production format on
 # Blackwell (its developer blog "Introducing NVFP4", 2025-06-24); the MI355X computes MXFP4
 # (the OCP MX format; the notes of its row in data/chips_2026.csv).
@@ -111,7 +116,16 @@ class DecodePoint:
     batch: int
     context: int
     step_s: float
-    memory_bound: bool
+    kernels: tuple[Kernel, ...]     # the step's kernel classes, each on its own roofline
+
+    @property
+    def memory_bound(self) -> bool:
+        """Every kernel class of the step is bound by its bytes, none by its arithmetic."""
+        return all(k.bound == "memory" for k in self.kernels)
+
+    def kernel(self, name: str) -> Kernel:
+        """The step's kernel class ``name`` ("linear", "attention", "head")."""
+        return next(k for k in self.kernels if k.name == name)
 
     @property
     def tokens_per_s(self) -> float:
@@ -123,9 +137,10 @@ class DecodePoint:
 
 
 def chip_precision(chip_: Chip, prec: str) -> Precision:
-    """``prec`` ("bf16", "fp8" or "fp4") as ``chip_`` computes it: FP4 in its vendor's format."""
-    if prec not in CHIP_PRECISIONS:
-        raise ValueError(f"prec must be one of {CHIP_PRECISIONS}, got {prec!r}")
+    """``prec`` ("bf16", "fp8" or "fp4", or ``BYTES_ONLY``) as ``chip_`` computes it: FP4 in
+    its vendor's format."""
+    if prec not in CHIP_PRECISIONS + (BYTES_ONLY,):
+        raise ValueError(f"prec must be one of {CHIP_PRECISIONS} or {BYTES_ONLY!r}, got {prec!r}")
     if prec == "fp4":
         if chip_.vendor not in FP4_FORMAT:
             raise ValueError(f"no 4-bit format known for {chip_.vendor}'s {chip_.name}")
@@ -134,7 +149,7 @@ def chip_precision(chip_: Chip, prec: str) -> Precision:
 
 
 def _precision(chip_: Chip, prec: str) -> Precision:
-    compute = {"bf16": "bfloat16"}.get(prec, prec)
+    compute = {"bf16": "bfloat16", BYTES_ONLY: "bfloat16"}.get(prec, prec)
     p = chip_precision(chip_, prec) if chip_.spec.peak_flops(compute) is not None else None
     if p is None:
         raise ValueError(f"data/chips_2026.csv gives {chip_.name} no {prec} peak, so it cannot "
@@ -156,10 +171,9 @@ def decode_point(config: ModelConfig, chip_: Chip, prec: str, batch: int,
         raise ValueError(f"{batch} sequences of {context} tokens do not fit on one {chip_.name} "
                          f"beside {config.name}'s weights at {prec}")
     model = StepModel.for_device(config, chip_.spec, _precision(chip_, prec))
-    kernels = model.kernels(Shape.decode(batch, batch * (context + 1)))
-    memory_bound = sum(k.memory_s for k in kernels) >= sum(k.compute_s for k in kernels)
+    kernels = tuple(model.kernels(Shape.decode(batch, batch * (context + 1))))
     return DecodePoint(chip_.name, prec, batch, context, sum(k.seconds for k in kernels),
-                       memory_bound)
+                       kernels)
 
 
 def best_point(config: ModelConfig, chip_: Chip, prec: str, context: int,

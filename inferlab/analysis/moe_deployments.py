@@ -19,7 +19,8 @@ The network is in the step-time model's version of the step (``decode_step_kerne
 ``all_to_all``): every MoE layer dispatches each token's k rows to its experts' GPUs in FP8 and
 combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), through each GPU's
 400 Gb/s NIC, priced from DeepEP's published kernels in two bounds
-(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``). DeepSeek's service
+(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``;
+``deepseek_all_to_all_at`` takes the dearer of the two at a call's width). DeepSeek's service
 runs core MLA in BF16 beside FP8 matmuls (same overview), so attention is priced at the BF16
 peak. DeepSeek overlaps communication with computation by splitting each step into two
 micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which hides only the smaller of
@@ -48,7 +49,7 @@ from dataclasses import dataclass, replace
 from inferlab.analysis import mla, prices
 from inferlab.analysis.attention_layouts import AttentionLayout
 from inferlab.analysis.chip_costs import FP4
-from inferlab.analysis.collectives import ExpertAllToAll, Link
+from inferlab.analysis.collectives import ExpertAllToAll, Link, deepep_rows
 from inferlab.analysis.hardware import get_device_spec
 from inferlab.analysis.step_time import COMMUNICATION, Attention, Shape, StepModel, precision
 from inferlab.analysis.moe import MoEConfig, expected_experts
@@ -186,6 +187,25 @@ def deepseek_all_to_all(layout: EPLayout, link: str = NIC, kernel: str = "rdma",
     return ExpertAllToAll(layout.gpus, moe.experts_per_token, moe.d_model, Link.named(link),
                           int(quote("deepseek_node_gpus").value), moe.moe_layers, kernel,
                           fixed_latency)
+
+
+def deepep_tokens() -> int:
+    """Tokens per GPU at which DeepEP timed its low-latency kernels (``data/deepep.csv``)."""
+    widths = {int(r["tokens"]) for r in deepep_rows("rdma")}
+    if len(widths) != 1:
+        raise ValueError(f"DeepEP's pure-RDMA rows mix batch sizes: {sorted(widths)}")
+    return widths.pop()
+
+
+def deepseek_all_to_all_at(layout: EPLayout, tokens_per_call: float,
+                           **kw) -> ExpertAllToAll:
+    """The dearer of ``deepseek_all_to_all``'s two bounds for calls of ``tokens_per_call``
+    tokens. Both reproduce DeepEP's times at its own batch (``deepep_tokens``). Below it the
+    bound with DeepEP's per-call latency is the dearer: a fixed cost per call does not shrink
+    with the batch, while the other bound scales DeepEP's time down in proportion to the
+    tokens. Above it the achieved bandwidth is the dearer (the line rate would flatter the
+    extra bytes). With two micro-batches, a call carries half a GPU's tokens."""
+    return deepseek_all_to_all(layout, fixed_latency=tokens_per_call < deepep_tokens(), **kw)
 
 
 @dataclass(frozen=True)

@@ -9,41 +9,56 @@ general story:
 - **KV memory**: the mean batch is at the number of requests the cache's blocks can hold;
 - otherwise the rate is what stops the batch from growing (Little's law: batch = rate x time
   each request decodes), and the search's first rate above the capacity says why that rate
-  could not rise. If the server fell behind there (its steady state overloaded or never
-  settled), the device's time ran out, and the share of it spent on prompts says whether
-  **prefill compute** (half or more of the busy time on prefills or prefill chunks) or the
-  **decode steps** took it. If it kept up but missed the SLO, the bound it missed (p95 beyond
-  the bound) says **TTFT** or **TPOT**.
+  could not rise, by the search's own ``verdict`` on it (``inferlab.sim.steady_state``):
+
+  - it *missed* because the server fell behind (overloaded, or its longest window served less
+    than was offered): the device's time ran out, and the share of it spent on prompts says
+    whether **prefill compute** (half or more of the busy time on prefills or prefill chunks)
+    or the **decode steps** took it;
+  - it *missed* while the server kept up: the bound it missed (p95 beyond the bound) says
+    **TTFT** or **TPOT**;
+  - the windows **cannot tell** (the search grew its trace and still could not decide, and
+    counted it as a miss): the capacity is then known only to the search's resolution, and
+    nothing here says what would have held the batch at the next rate.
 
 The thresholds (90% of a cap, half of the busy time, the p95) are OUR choice of what counts as
-"at" a limit; ``BatchLimit`` keeps the numbers, so a reader can judge.
+"at" a limit; ``BatchLimit`` keeps the numbers, so a reader can judge. ``slo_binds`` says
+whether the SLO itself is what the search found, rather than the server's throughput or a cap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferlab.sim.steady_state import SLOCapacity, Window
+from inferlab.sim.steady_state import OVERLOADED, MISSES, UNDECIDED, SLOCapacity, Window
 
 AT_CAP = 0.9           # a mean batch this close to a cap counts as held there
 PREFILL_MAJORITY = 0.5
+REASONS = ("max batch", "KV memory", "prefill compute", "decode steps", "TTFT bound",
+           "TPOT bound", "cannot tell")
 
 
 @dataclass(frozen=True)
 class BatchLimit:
     """What held the batch down, and the numbers the verdict was read from."""
 
-    reason: str            # "max batch", "KV memory", "prefill compute", "decode steps",
-                           # "TTFT bound", "TPOT bound"
+    reason: str            # one of REASONS
     mean_batch: float      # at the capacity
     max_batch: int
     fits: int              # requests of the case's lengths the KV blocks hold
     prefill_share: float   # of the busy time at the capacity
     next_rate: float       # the lowest rate tried above the capacity (nan: none)
     next_status: str       # its steady state's status ("" when none)
+    next_verdict: str = ""  # the search's verdict on it ("" when none)
 
     def __str__(self) -> str:
         return self.reason
+
+    @property
+    def slo_binds(self) -> bool:
+        """The next rate kept up with its load and missed a latency bound: the SLO, not the
+        server's throughput or a cap, is what the search found."""
+        return self.reason in ("TTFT bound", "TPOT bound")
 
 
 def prefill_share(w: Window) -> float:
@@ -59,15 +74,21 @@ def batch_limit(capacity: SLOCapacity, max_batch: int, fits: int, ttft_s: float,
     share = prefill_share(w)
     above = sorted((p for p in capacity.probes if p.rate > capacity.rate), key=lambda p: p.rate)
     nxt = above[0] if above else None
+    said = capacity.verdict(nxt) if nxt else ""
     info = dict(mean_batch=w.mean_batch, max_batch=max_batch, fits=fits, prefill_share=share,
                 next_rate=nxt.rate if nxt else float("nan"),
-                next_status=nxt.status if nxt else "")
+                next_status=nxt.status if nxt else "", next_verdict=said)
     if w.mean_batch >= AT_CAP * min(max_batch, fits):
         return BatchLimit("max batch" if max_batch <= fits else "KV memory", **info)
-    if nxt is None or not nxt.stable:
+    if nxt is None or said == UNDECIDED:
+        return BatchLimit("cannot tell", **info)
+    if said != MISSES:
+        raise ValueError(f"the search's next rate {nxt.rate} above its capacity {capacity.rate} "
+                         f"was not a miss but {said!r}")
+    missed = nxt.window
+    if nxt.status == OVERLOADED or missed.saturated:
         return BatchLimit("prefill compute" if share >= PREFILL_MAJORITY else "decode steps",
                           **info)
-    missed = nxt.window
     ttft_over = missed.ttft.p95 / ttft_s
     tpot_over = missed.tpot.p95 / tpot_s
     return BatchLimit("TTFT bound" if ttft_over >= tpot_over else "TPOT bound", **info)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from inferlab.serving.metrics import Percentiles
-from inferlab.sim.steady_state import SLOCapacity, SteadyState, Window
+from inferlab.sim.steady_state import Criterion, SLOCapacity, SteadyState, Window
 
 
 def window_to_dict(w: Window) -> dict:
@@ -28,9 +28,13 @@ def state_from_dict(d: dict) -> SteadyState:
 
 def capacity_to_dict(c: SLOCapacity) -> dict:
     return {"rate": c.rate, "state": None if c.state is None else state_to_dict(c.state),
-            "probes": [state_to_dict(p) for p in c.probes]}
+            "probes": [state_to_dict(p) for p in c.probes], "target": c.target,
+            "criterion": asdict(c.criterion)}
 
 
 def capacity_from_dict(d: dict) -> SLOCapacity:
+    """A stored search; one stored before its target and criterion were kept (before
+    2026-12-03) reads back with the defaults."""
     return SLOCapacity(d["rate"], None if d["state"] is None else state_from_dict(d["state"]),
-                       tuple(state_from_dict(p) for p in d["probes"]))
+                       tuple(state_from_dict(p) for p in d["probes"]), d.get("target", 0.9),
+                       Criterion(**d.get("criterion", {})))

@@ -26,12 +26,40 @@ part in between, and keeps making the trace longer until the measurement stops m
 - ``steady_state``: ``measure`` at n, 2n, 4n, ... requests until two successive lengths agree
   (``Criterion``: both of at least 800 requests; achieved over offered output tokens/s within
   3%, p50 and p99 end-to-end latency within 5% and 10%, SLO attainment within 0.02, and
-  neither falling behind), or until the server is shown to be *overloaded*: achieved more than 5% below offered
-  at two successive lengths, by a shortfall the longer trace does not wear down, while the p99
-  latency keeps growing with the trace. Every length's window is kept, as the evidence.
-- ``capacity_at_slo``: the highest offered rate whose steady state keeps ``target`` of the
-  requests within an SLO (goodput's capacity, as DistServe, Zhong et al. OSDI 2024, defines it),
-  found by bisection on the rate; ``sweep`` measures a list of rates.
+  neither falling behind), or until the server is shown to be *overloaded*: achieved more than
+  5% below offered at two successive lengths, by a shortfall the longer trace does not wear
+  down, while the p99 latency keeps growing with the trace, or until ``n_max`` (*not
+  converged*). Every length's window is kept, as the evidence.
+- ``verdict``: whether a rate *meets* the SLO, *misses* it, or the windows *cannot tell*
+  (below); ``capacity_at_slo``: the highest offered rate that meets it (goodput's capacity, as
+  DistServe, Zhong et al. OSDI 2024, defines it: ``target`` of the requests within the SLO),
+  found by bisection on the rate; ``sweep`` measures a list of rates; ``misled``: whether the
+  shortest trace alone would have given another verdict than the longer ones.
+
+A steady state that is *established* (two lengths agree) is not what a verdict needs. At a high
+rate a fixed request count is a short stretch of simulated time, and two things keep a trace
+from settling that say nothing about the SLO: achieved over offered still climbing from the
+warm-up (0.97 at 1,600 requests, 1.01 at 3,200), and a median latency that moves by more than
+5% from one length to the next through sampling noise in heavy-tailed answer lengths. Counting
+every such rate as a failure put a capacity wherever noise crossed a threshold, in Chapter 7 up
+to five times below the rate where the SLO binds. So ``verdict`` reads what the mechanism says:
+
+- *meets*: established with ``target`` met; or, not established, ``target`` met at the two
+  longest lengths, the longest carrying the load (achieved within the throughput tolerance of
+  offered) and the p99 latency not growing between them (no queue building up). What failed to
+  settle then is a number the SLO does not depend on.
+- *misses*: established or overloaded with ``target`` missed; or ``target`` missed at the two
+  longest lengths (a longer trace only adds queueing, so it cannot rescue a rate that misses).
+- *cannot tell*: anything else (attainment crossing the target between the two lengths, or the
+  tail growing while the target is still met: a slow overload looks like that). The search grows
+  such a probe's trace, doubling it up to ``extend`` more times; a rate still undecided counts as
+  a miss, so the answer can be low by the bracket's resolution but never rests on a rate that was
+  not shown to meet.
+
+Growing only the undecided probes keeps the cost bounded: a rate far from the answer is decided
+at the ordinary lengths. (The other way out, a fixed simulated duration rather than a fixed
+request count, makes every high-rate probe as dear as its duration and still leaves the median's
+noise; it would also change every stored length.)
 
 ``inferlab.sim.records`` writes these results to JSON and reads them back; ``inferlab.sim.sweeps``
 runs Chapter 4's sweep with them and stores it in ``data/``.
@@ -218,6 +246,17 @@ class SteadyState:
         return self.status == STABLE
 
 
+def _settled(history: list[Window], criterion: Criterion) -> str:
+    """The status the two longest windows of ``history`` give (``UNSETTLED`` if they do not)."""
+    if len(history) >= 2:
+        a, b = history[-2], history[-1]
+        if criterion.overloaded(a, b):
+            return OVERLOADED
+        if criterion.agree(a, b):
+            return STABLE
+    return UNSETTLED
+
+
 def steady_state(workload: Workload, rate: float, serve: Serve, slo: SLO | None = None,
                  n0: int = 400, n_max: int = 6400, seed: int = 0,
                  criterion: Criterion = Criterion(), warmup: float = 0.2,
@@ -227,15 +266,22 @@ def steady_state(workload: Workload, rate: float, serve: Serve, slo: SLO | None 
     n = n0
     while True:
         history.append(measure(workload.requests(n, rate, seed), serve, slo, warmup, cooldown))
-        if len(history) >= 2:
-            a, b = history[-2], history[-1]
-            if criterion.overloaded(a, b):
-                return SteadyState(rate, OVERLOADED, tuple(history))
-            if criterion.agree(a, b):
-                return SteadyState(rate, STABLE, tuple(history))
+        status = _settled(history, criterion)
+        if status != UNSETTLED:
+            return SteadyState(rate, status, tuple(history))
         if 2 * n > n_max:
             return SteadyState(rate, UNSETTLED, tuple(history))
         n *= 2
+
+
+def longer(state: SteadyState, workload: Workload, serve: Serve, slo: SLO | None = None,
+           seed: int = 0, criterion: Criterion = Criterion(), warmup: float = 0.2,
+           cooldown: float = 0.1) -> SteadyState:
+    """``state`` with one more window, at twice its longest trace (which extends the others)."""
+    history = list(state.history)
+    n = 2 * history[-1].n_requests
+    history.append(measure(workload.requests(n, state.rate, seed), serve, slo, warmup, cooldown))
+    return SteadyState(state.rate, _settled(history, criterion), tuple(history))
 
 
 def sweep(workload: Workload, rates, serve: Serve, slo: SLO | None = None,
@@ -251,14 +297,54 @@ class SLOCapacity:
     rate: float                        # requests per second (0.0: not even the lowest probe)
     state: SteadyState | None          # the steady state at ``rate``
     probes: tuple[SteadyState, ...]    # every rate tried, in the order tried
+    target: float = 0.9                # the share of requests to keep within the SLO
+    criterion: Criterion = Criterion() # the steady state's criterion, which the verdicts use
 
     @property
     def window(self) -> Window | None:
         return None if self.state is None else self.state.window
 
+    def verdict(self, probe: SteadyState) -> str:
+        """``verdict`` of one of the probes, with the search's own target and criterion."""
+        return verdict(probe, self.target, self.criterion)
 
-def _meets(state: SteadyState, target: float) -> bool:
-    return state.stable and state.window.slo_attainment >= target
+
+MEETS, MISSES, UNDECIDED = "meets", "misses", "cannot tell"
+
+
+def verdict(state: SteadyState, target: float, criterion: Criterion = Criterion()) -> str:
+    """``MEETS``, ``MISSES`` or ``UNDECIDED``: does ``state``'s rate keep ``target`` of the
+    requests within the SLO (the module's docstring gives the rules)."""
+    b = state.window
+    if state.status == OVERLOADED:
+        return MISSES
+    if state.status == STABLE:
+        return MEETS if b.slo_attainment >= target else MISSES
+    if len(state.history) < 2 or state.history[-2].n_requests < criterion.min_requests:
+        return UNDECIDED
+    a = state.history[-2]
+    met = [w.slo_attainment >= target for w in (a, b)]
+    if not any(met):
+        return MISSES
+    carried = b.achieved_out_tok_s >= (1 - criterion.throughput_rtol) * b.offered_out_tok_s
+    queue_steady = b.latency.p99 <= (1 + criterion.p99_rtol) * a.latency.p99
+    return MEETS if all(met) and carried and queue_steady else UNDECIDED
+
+
+def first_verdict(state: SteadyState, target: float) -> str:
+    """What the shortest trace alone says: ``MEETS`` if ``target`` met and keeping up."""
+    w = state.history[0]
+    return MEETS if w.slo_attainment >= target and not w.saturated else MISSES
+
+
+def misled(state: SteadyState, target: float, criterion: Criterion = Criterion()) -> str | None:
+    """``"over"`` if the shortest trace alone would have passed a rate that the longer traces
+    showed to miss, ``"under"`` if it would have failed one they showed to meet, else None (the
+    same verdict, or the longer traces could not tell)."""
+    final = verdict(state, target, criterion)
+    if final == UNDECIDED or final == first_verdict(state, target):
+        return None
+    return "over" if final == MISSES else "under"
 
 
 def saturation_estimate(workload: Workload, costs: CostModel, config: ServingConfig) -> float:
@@ -279,48 +365,60 @@ def saturation_estimate(workload: Workload, costs: CostModel, config: ServingCon
 
 def capacity_at_slo(workload: Workload, serve: Serve, slo: SLO, start: float,
                     target: float = 0.9, rtol: float = 0.05, max_probes: int = 16,
-                    **kw) -> SLOCapacity:
+                    extend: int = 2, **kw) -> SLOCapacity:
     """The highest offered rate (requests/s) whose steady state keeps ``target`` within ``slo``.
 
-    A rate *meets* the SLO when its steady state is established (``STABLE``) and at least
-    ``target`` of the requests in its window met the SLO. From ``start`` (for one engine, half
-    of ``saturation_estimate`` is a good one) the rate goes up by 1.5x until one fails, or down
-    by 2x until one meets; then the bracket is bisected geometrically until its ends are within
-    ``rtol``. Assumes attainment falls as the rate grows. Keyword arguments go to
-    ``steady_state``.
+    Each rate tried is a ``steady_state`` (keyword arguments go to it) and gets a ``verdict``;
+    one the windows cannot tell is grown, doubling its trace up to ``extend`` times past
+    ``n_max``, and counts as a miss if still undecided. From ``start`` (for one engine, half of
+    ``saturation_estimate`` is a good one) the rate goes up by 1.5x until one misses, or down by
+    2x until one meets; then the bracket is bisected geometrically until its ends are within
+    ``rtol``. Assumes attainment falls as the rate grows: the answer is a rate that met with
+    every rate above it that was tried a miss.
     """
+    criterion = kw.get("criterion", Criterion())
+    grow = {k: kw[k] for k in ("seed", "warmup", "cooldown") if k in kw}
     probes: list[SteadyState] = []
 
-    def probe(rate: float) -> SteadyState:
+    def meets(rate: float) -> tuple[bool, SteadyState]:
         if len(probes) >= max_probes:
             raise RuntimeError(f"no bracket within {max_probes} probes: rates tried "
                                f"{[round(p.rate, 4) for p in probes]}")
-        probes.append(steady_state(workload, rate, serve, slo, **kw))
-        return probes[-1]
+        state = steady_state(workload, rate, serve, slo, **kw)
+        for _ in range(extend):
+            if verdict(state, target, criterion) != UNDECIDED:
+                break
+            state = longer(state, workload, serve, slo, criterion=criterion, **grow)
+        probes.append(state)
+        return verdict(state, target, criterion) == MEETS, state
+
+    def result(good: SteadyState | None) -> SLOCapacity:
+        return SLOCapacity(0.0 if good is None else good.rate, good, tuple(probes), target,
+                           criterion)
 
     rate = start
-    state = probe(rate)
-    good, bad = (state, None) if _meets(state, target) else (None, state)
+    ok, state = meets(rate)
+    good, bad = (state, None) if ok else (None, state)
     while good is None:
         rate /= 2
-        state = probe(rate)
-        if _meets(state, target):
+        ok, state = meets(rate)
+        if ok:
             good = state
         else:
             bad = state
         if good is None and rate < 1e-6:
-            return SLOCapacity(0.0, None, tuple(probes))
+            return result(None)
     while bad is None:
         rate *= 1.5
-        state = probe(rate)
-        if _meets(state, target):
+        ok, state = meets(rate)
+        if ok:
             good = state
         else:
             bad = state
     while bad.rate / good.rate > 1 + rtol:
-        state = probe(math.sqrt(good.rate * bad.rate))
-        if _meets(state, target):
+        ok, state = meets(math.sqrt(good.rate * bad.rate))
+        if ok:
             good = state
         else:
             bad = state
-    return SLOCapacity(good.rate, good, tuple(probes))
+    return result(good)

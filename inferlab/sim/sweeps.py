@@ -36,8 +36,8 @@ from inferlab.serving.config import ServingConfig
 from inferlab.serving.metrics import SLO
 from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
     state_to_dict)
-from inferlab.sim.steady_state import (Criterion, SLOCapacity, SteadyState, capacity_at_slo,
-    simulated, steady_state)
+from inferlab.sim.steady_state import (MEETS, Criterion, SLOCapacity, SteadyState,
+    capacity_at_slo, simulated, steady_state, verdict)
 from inferlab.sim.workloads import Workload
 
 NAME = "ch04_steady_state.json"
@@ -101,9 +101,9 @@ class SweepSetup:
     def capacity(self, policy: str, states: list[SteadyState]) -> SLOCapacity:
         """The search, started from the highest swept rate that met the SLO; when none did,
         no search (the capacity is below the lowest rate swept, reported as 0)."""
-        met = [s.rate for s in states if s.stable and s.window.slo_attainment >= self.target]
+        met = [s.rate for s in states if verdict(s, self.target, self.criterion) == MEETS]
         if not met:
-            return SLOCapacity(0.0, None, ())
+            return SLOCapacity(0.0, None, (), self.target, self.criterion)
         return capacity_at_slo(self.workload(), self.serve(policy), self.slo, max(met),
                                self.target, n0=self.n0, n_max=self.n_max,
                                seed=self.seed, criterion=self.criterion, warmup=self.warmup,

@@ -45,6 +45,7 @@ import argparse
 import datetime as _dt
 import functools
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,7 +70,16 @@ from inferlab.sim.workloads import Workload
 
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
 # before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
-SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2))
+SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2), rtol=0.05)
+
+
+def compare_rates(a: float, b: float, rtol: float = SEARCH["rtol"]) -> str:
+    """``a`` against ``b``, two capacities the search found: "indistinguishable" when they lie
+    within the search's resolution of each other (each is the highest rate that met, within a
+    factor 1 + ``rtol`` of the lowest that missed), else "higher" or "lower"."""
+    if max(a, b) <= (1 + rtol) * min(a, b):
+        return "indistinguishable"
+    return "higher" if a > b else "lower"
 
 
 def window_costs(window: Window, usd_per_hour: float,
@@ -311,8 +321,10 @@ TPOT_BOUNDS = (0.015, 0.02, 0.03, 0.05, 0.1)
 
 
 # Fewer bytes per weight, each on a device that computes the format: weight-only int8 and int4
-# and W8A8 FP8 on the H100, FP8 and NVFP4 on the B200 (Hopper has no FP4 tensor cores).
-PRECISION_CASES = {"H100 SXM": ("int8 weights", "int4 weights", "fp8"),
+# and W8A8 FP8 on the H100, FP8 and NVFP4 on the B200 (Hopper has no FP4 tensor cores). On the
+# H100 also FP8's bytes at the 16-bit peak ("fp8 weights and KV"), not a format to serve but the
+# control that tells FP8's bytes from its peak.
+PRECISION_CASES = {"H100 SXM": ("int8 weights", "int4 weights", "fp8 weights and KV", "fp8"),
                    "B200": ("fp8", "nvfp4")}
 
 
@@ -345,31 +357,68 @@ def _search(job: tuple[CostCase, SLOCapacity | None]) -> tuple[SLOCapacity, Phas
     return cap, (case.split(cap) if cap.state is not None else None), "searched"
 
 
-def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False) -> dict:
+def _entry(case: CostCase, cap: SLOCapacity, split: PhaseSplit | None, how: str) -> dict:
+    """One case as the record stores it."""
+    return {"case": asdict(case), "inputs": inputs(case), "search": how,
+            "capacity": capacity_to_dict(cap), "split": split.to_dict() if split else None}
+
+
+def _cache_file(cache: str, case: CostCase) -> Path:
+    """Where ``--cache`` keeps one case's entry: keyed by the case, today's table numbers
+    (``inputs``) and the search's settings, so a changed input is searched again."""
+    import hashlib
+
+    key = json.dumps([asdict(case), inputs(case), repr(SEARCH)], sort_keys=True, default=str)
+    return Path(cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _search_cached(job: tuple[CostCase, SLOCapacity | None, str | None]) -> dict:
+    """``_search`` as a stored entry, or the entry an interrupted run of the same inputs left
+    under ``cache``."""
+    case, cap, cache = job
+    if cache is not None and _cache_file(cache, case).exists():
+        return json.loads(_cache_file(cache, case).read_text(encoding="utf-8"))
+    entry = _entry(case, *_search((case, cap)))
+    if cache is not None:
+        f = _cache_file(cache, case)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        part = f.with_suffix(f".{os.getpid()}.part")   # renamed whole: a reader sees all or none
+        part.write_text(json.dumps(entry), encoding="utf-8")
+        part.replace(f)
+    return entry
+
+
+def write(cases=None, progress=print, jobs: int = 1, reuse: bool = False,
+          cache: str | None = None) -> dict:
     """Simulate ``cases`` (default ``chapter_cases()``, in ``jobs`` processes) and store them;
     returns the record. ``reuse``: keep the stored search of a case when today's simulator and
     step-time model, serving its window's trace again, reproduce that window exactly (every
-    step's time and every request's tokens); otherwise search again. Each case records which."""
+    step's time and every request's tokens); otherwise search again. Each case records which.
+    ``cache``: a folder where each case's entry is kept as it finishes, so an interrupted run
+    resumes where it stopped (an entry is used only for the same case, table numbers and search
+    settings)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from inferlab.measurements import git_commit
 
-    command = "python -m inferlab.sim.token_cost --write" + (" --reuse" if reuse else "")
+    command = ("python -m inferlab.sim.token_cost --write" + (" --reuse" if reuse else "")
+               + (" --cache DIR" if cache else ""))
     record = {"provenance": {"command": command, "date": _dt.date.today().isoformat(),
                              "git_commit": git_commit()},
               "cases": []}
     cases = list(cases or chapter_cases())
     old = stored() if reuse and data_path("simulations", NAME).exists() else {}
-    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None) for c in cases]
+    jobs_ = [(c, old[case_key(c)].capacity if case_key(c) in old else None, cache)
+             for c in cases]
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    found = pool.map(_search, jobs_) if pool else map(_search, jobs_)
-    for case, (cap, split, how) in zip(cases, found):
+    found = pool.map(_search_cached, jobs_) if pool else map(_search_cached, jobs_)
+    for case, entry in zip(cases, found):
+        cap = capacity_from_dict(entry["capacity"])
         progress(f"{case.model} on {case.group_name}, {case.precision}, TPOT <= "
                  f"{case.tpot_s * 1e3:g} ms: {cap.rate:.2f} req/s ({len(cap.probes)} probes, "
-                 f"{how}), batch held by {case.limit(cap) if cap.state else '-'}", flush=True)
-        record["cases"].append({"case": asdict(case), "inputs": inputs(case), "search": how,
-                                "capacity": capacity_to_dict(cap),
-                                "split": split.to_dict() if split else None})
+                 f"{entry['search']}), batch held by {case.limit(cap) if cap.state else '-'}",
+                 flush=True)
+        record["cases"].append(entry)
     if pool:
         pool.shutdown()
     out = data_path("hardware.csv").parent / "simulations" / NAME
@@ -462,11 +511,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes for --write")
     parser.add_argument("--reuse", action="store_true",
                         help="with --write: keep stored searches whose inputs are unchanged")
+    parser.add_argument("--cache", default=None,
+                        help="with --write: keep each case's entry in this folder as it "
+                             "finishes, so an interrupted run resumes")
     parser.add_argument("--provider", default="CoreWeave",
                         help="whose prices (data/prices.csv) to use (default CoreWeave)")
     args = parser.parse_args(argv)
     if args.write:
-        write(jobs=args.jobs, reuse=args.reuse)
+        write(jobs=args.jobs, reuse=args.reuse, cache=args.cache)
     print(cost_table(args.provider))
 
 
