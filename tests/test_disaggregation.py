@@ -16,7 +16,8 @@ from inferlab.serving.request import Request
 from inferlab.sim import workloads
 from inferlab.sim.disaggregation import Cluster, Failure, clustered, designs, simulate_cluster
 from inferlab.sim.goodput import attainment_curve, cluster_goodput
-from inferlab.sim.steady_state import Criterion, capacity_at_slo, measure, simulated
+from inferlab.sim.records import capacity_from_dict
+from inferlab.sim.steady_state import MEETS, Criterion, capacity_at_slo, measure, simulated
 from inferlab.sim.workloads import Workload
 from inferlab.sim.simulator import FittedCosts
 
@@ -180,7 +181,8 @@ def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
     monkeypatch.setattr(study, "workload", lambda kind: Workload.fixed(200, 20))
     row = study._goodput(("document", "1P1D", study.LINK, 4.0))
     assert row["gpus"] == 2 and row["rate"] > 0
-    assert row["capacity"]["state"]["status"] == "stable"
+    cap = capacity_from_dict(row["capacity"])
+    assert cap.verdict(cap.state) == MEETS
     work = row["work"]  # the run at the answer, counted: each stored token computed once
     assert work["requests"] == row["capacity"]["state"]["history"][-1]["n_requests"]
     assert sum(w["prompt_tokens"] + w["decode_rows"] - w["recomputed_tokens"]
@@ -188,8 +190,12 @@ def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
     assert work["tokens_moved"] == work["requests"] * 200 and work["recomputed_tokens"] == 0
     f = study._failure(("1P1D", 0.5 * row["rate"]))
     assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer", "cpu_s"}
-    link = study._link(("1P1D", row["rate"], study.LINK))  # the search's own steady state
-    assert link["state"] == row["capacity"]["state"] and link["work"] == row["work"]
+    link = study._link(("1P1D", row["rate"], study.LINK))  # the search's own steady state,
+    answer = row["capacity"]["state"]["history"]               # grown to the longest trace
+    assert link["state"]["history"][:len(answer)] == answer
+    assert link["state"]["history"][-1]["n_requests"] == SMALL_SEARCH["n_max"]
+    if len(link["state"]["history"]) == len(answer):
+        assert link["work"] == row["work"]
     low = study._low(("1P1D", 0.5 * row["rate"]))
     assert low["gpus"] == 2 and low["work"]["recomputed_tokens"] == 0
 
