@@ -5,8 +5,9 @@ the OPT-13B that DistServe and the PagedAttention paper evaluate) on A100 80GB G
 timed by the course's step-time model (``inferlab.analysis.step_time.StepModel``: each kernel on
 its own roofline, summed; efficiency 1, so no real engine is faster), four GPUs a cluster. Every
 number is a steady state of the course's one machinery (``inferlab.sim.steady_state``: a
-window between warm-up and drain, the trace doubled until two lengths agree) and goodput is its
-one search (``inferlab.sim.goodput.cluster_goodput``):
+window between warm-up and drain, the trace doubled until two lengths agree, and each rate's
+verdict read from its longest windows: it meets the SLO, misses it, or, undecided, is grown
+further) and goodput is its one search (``inferlab.sim.goodput.cluster_goodput``):
 
 1. ``goodput``: per-GPU goodput (the highest rate at which 90% of the requests in the window
    meet the SLO) of every design for the chat-like, the long-document and the short-prompt
