@@ -57,6 +57,19 @@ def test_every_request_completes_with_its_tokens_and_moves_its_cache_once(cluste
         assert out.transfers == 0 and out.transfer_bytes == 0
 
 
+def test_prompts_that_arrive_while_a_prefill_runs_are_batched_in_the_next_step():
+    """Twenty short prompts arriving 1 ms apart, each prefill step at least one weight read
+    (about 12.6 ms): after the first step, the prompts that came while it ran share a step,
+    so the prefill instance runs far fewer forwards than prompts (it once ran one each,
+    stepping at the first arrival it had missed and letting the others wait)."""
+    reqs = [Request((0,) * 19, 4, 0.001 * i) for i in range(20)]
+    out = simulate_cluster(reqs, split(1, 1))
+    prefill = out.work("prefill")[0]
+    assert prefill.prompt_tokens == 20 * 19
+    assert prefill.forwards <= 3
+    assert COSTS.prefill_s(19) > 0.01   # the premise: a step outlasts ten arrivals
+
+
 def test_the_transfer_sits_between_the_first_and_second_token_and_queues_on_the_link():
     reqs = [Request((0,) * 1000, 5, 0.0, "a"), Request((0,) * 1000, 5, 0.0, "b")]
     bw = 1e9  # slow: 1000 tokens of Llama-2-13B cache take about 0.8 s
