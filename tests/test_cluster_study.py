@@ -63,8 +63,12 @@ def test_the_link_study_runs_the_best_document_split_at_its_goodput_rate(stored)
     assert set(links) == {cs.LINK, *cs.LINKS}
     for r in links.values():
         assert (r["design"], r["rate"]) == (best["design"], best["rate"])
-    # over NVLink it is the search's own steady state at its answer, recomputed
-    assert links[cs.LINK]["state"] == best["capacity"].state
+    # over NVLink it is the search's own steady state at its answer, recomputed, and every
+    # link's ends at the same trace length (the same requests)
+    nvlink = links[cs.LINK]["state"].history
+    assert nvlink[:len(best["capacity"].state.history)] == best["capacity"].state.history
+    longest = {r["state"].window.n_requests for r in links.values()}
+    assert longest == {cs.SEARCH["document"]["n_max"]}
 
 
 def conserved(work: dict) -> None:

@@ -149,10 +149,13 @@ class StepLoop:
         return not self._pending and not self.scheduler.has_unfinished
 
     def ready_s(self) -> float:
-        """When this loop can next act: now if it has work, else its next arrival (or inf)."""
+        """When this loop can next act: now if it has work, else its next arrival (or inf),
+        and never before its clock: an arrival that came while its last step ran waits for the
+        step to end, beside every other arrival of that time (a driver that steps the loop at
+        the first such arrival would otherwise let the others in one step each)."""
         if self.scheduler.has_unfinished:
             return self.clock.now()
-        return self._pending[0][0] if self._pending else math.inf
+        return max(self.clock.now(), self._pending[0][0]) if self._pending else math.inf
 
     def fail(self, seqs: list[Sequence], stage: str, error: BaseException) -> None:
         """``error`` was raised in ``stage``, blamed on ``seqs``: without ``on_failure``, raise

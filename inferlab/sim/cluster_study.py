@@ -5,8 +5,9 @@ the OPT-13B that DistServe and the PagedAttention paper evaluate) on A100 80GB G
 timed by the course's step-time model (``inferlab.analysis.step_time.StepModel``: each kernel on
 its own roofline, summed; efficiency 1, so no real engine is faster), four GPUs a cluster. Every
 number is a steady state of the course's one machinery (``inferlab.sim.steady_state``: a
-window between warm-up and drain, the trace doubled until two lengths agree) and goodput is its
-one search (``inferlab.sim.goodput.cluster_goodput``):
+window between warm-up and drain, the trace doubled until two lengths agree, and each rate's
+verdict read from its longest windows: it meets the SLO, misses it, or, undecided, is grown
+further) and goodput is its one search (``inferlab.sim.goodput.cluster_goodput``):
 
 1. ``goodput``: per-GPU goodput (the highest rate at which 90% of the requests in the window
    meet the SLO) of every design for the chat-like, the long-document and the short-prompt
@@ -16,7 +17,8 @@ one search (``inferlab.sim.goodput.cluster_goodput``):
 3. ``links``: the long-document stream's best split at its NVLink goodput rate, in steady
    state, over NVLink and two slower links of ``data/links.csv`` (``LINKS``: the slowest,
    100 Gb Ethernet, and a 400 Gb RDMA NIC per GPU): what a slower link does to the load the
-   fast one sustains. (The study once searched the goodput over every slower bandwidth; a
+   fast one sustains. Every link's trace is grown to the same longest length (``n_max``), so
+   the links are compared on the same requests. (The study once searched the goodput over every slower bandwidth; a
    steady state per link answers the same question at a fraction of the cost.)
 4. ``failure``: a decode instance of the best chat split dies mid-run at 80% of its goodput;
    its requests resume by recomputing or by re-sending the prompt's cache.
@@ -54,7 +56,7 @@ from inferlab.sim.disaggregation import Failure, clustered, designs, simulate_cl
 from inferlab.sim.goodput import cluster_goodput
 from inferlab.sim.records import (capacity_from_dict, capacity_to_dict, state_from_dict,
     state_to_dict)
-from inferlab.sim.steady_state import Criterion, steady_state
+from inferlab.sim.steady_state import Criterion, longer, steady_state
 from inferlab.sim.workloads import Workload
 
 NAME = "ch07_cluster.json"
@@ -177,8 +179,12 @@ def _link(task: tuple) -> dict:
     name, rate, link = task
     t0 = time.process_time()
     cluster = setup(link)[name]
-    state = steady_state(workload("document"), rate, clustered(cluster), SLOS["document"],
-                         **steady_kw("document"))
+    kw = steady_kw("document")
+    serve = clustered(cluster)
+    state = steady_state(workload("document"), rate, serve, SLOS["document"], **kw)
+    while state.window.n_requests < kw["n_max"]:   # every link to the same longest trace
+        state = longer(state, workload("document"), serve, SLOS["document"],
+                       criterion=kw["criterion"])
     return {"design": name, "link": link, "rate": rate, "state": state_to_dict(state),
             "work": counted("document", cluster, state), "cpu_s": time.process_time() - t0}
 
