@@ -13,6 +13,10 @@ the same cache exactly as myst-nb does. When Sphinx then reads a page, myst-nb f
 A notebook that fails here is not stored: myst-nb executes it again as it reads it and reports
 the error the usual way, so a failure looks the same with or without this extension.
 
+Every execution of the build, here and myst-nb's own, waits for a kernel's messages in slices of
+a second (``inferlab.course.runner.slice_waits``): a wake-up that ZeroMQ's asyncio integration
+misses then costs a second, not the cell's whole 600-s timeout (a build here lost 600 s to one).
+
 ``MEMORY_BOUND_BUILD_JOBS`` sets the number of workers (default: the cores there are); ``1``
 turns the extension off.
 """
@@ -42,6 +46,9 @@ def _execute(text: str, cwd: str, timeout: int | None, allow_errors: bool):
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
+    from inferlab.course.runner import slice_every_notebook_client
+
+    slice_every_notebook_client()
     nb = nbformat.reads(text, as_version=4)
     result = single_nb_execution(nb, cwd=cwd, timeout=timeout, allow_errors=allow_errors,
                                  meta_override=True)
@@ -137,6 +144,9 @@ def execute_ahead(app, env, docnames):
 
 
 def setup(app):
+    from inferlab.course.runner import slice_every_notebook_client
+
+    slice_every_notebook_client()   # myst-nb's own executions in this process
     # after myst-nb's builder-inited handler has set env.mystnb_config
     app.connect("env-before-read-docs", execute_ahead)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
