@@ -14,7 +14,7 @@ import ast
 import nbformat
 import pytest
 
-from inferlab.course import catalog
+from inferlab.course import catalog, runner
 
 NOTEBOOKS = [p for lab in catalog.labs() for p in (lab.solution, lab.lab)]
 
@@ -140,8 +140,6 @@ def test_lab_1s_explorer_leaves_its_static_figure_in_the_notebook(root, tmp_path
     figure must be an image output of the cell itself, which an executed notebook and the site
     keep, not only inside the widget's output area, which a static page cannot show (the
     widget's first draw used to take every open figure into its area with plt.show())."""
-    import nbclient
-
     pytest.importorskip("ipywidgets")
     cells = [c for c in nbformat.read(root / "solutions" / "01_roofline.ipynb", as_version=4).cells
              if c.cell_type == "code"]
@@ -151,7 +149,9 @@ def test_lab_1s_explorer_leaves_its_static_figure_in_the_notebook(root, tmp_path
                                           "from inferlab.analysis.column import use_course_style\n"
                                           "use_course_style()"),
                 nbformat.v4.new_code_cell(explorer)]
-    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+    # a client that waits in slices (inferlab.course.runner.slice_waits): this cell's widgets
+    # once left the plain client waiting out the whole 180-s timeout with the kernel idle
+    runner._sliced_client()(nb, timeout=180, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     kinds = [next(iter(sorted(o.get("data", {})))) if o.get("data") else o["output_type"]
              for o in nb.cells[1].outputs]

@@ -200,8 +200,13 @@ def test_the_learner_s_install_imports_what_every_lab_imported(learner):
 def test_a_lab_of_each_import_set_runs_to_its_end_in_the_learner_s_install(learner, lab):
     number = int(lab.split("_")[0])
     out = learner.labs / f"executed_{lab}"
+    # A cell's timeout of 180 s (a lab's longest cell takes seconds here): nbclient waits for a
+    # cell's reply for up to the timeout and, when ZeroMQ's wake-up is missed (see
+    # inferlab.course.runner.slice_waits), finds the reply only then; nbconvert, which a learner
+    # runs, has no sliced waits, so the timeout bounds what one missed wake-up costs this test
+    # (600 s in one CI run here), and a cell that really runs longer still fails it.
     done = learner.run(learner.bin_dir / "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                       "--ExecutePreprocessor.timeout=600", "--output", out.name,
+                       "--ExecutePreprocessor.timeout=180", "--output", out.name,
                        learner.labs / lab)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     executed = nbformat.read(out, as_version=4)
