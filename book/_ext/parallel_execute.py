@@ -55,7 +55,7 @@ def _execute(text: str, cwd: str, timeout: int | None, allow_errors: bool):
     return nbformat.writes(nb), result.time, result.exc_string if result.err else None
 
 
-def _to_execute(app, env, docnames):
+def _to_execute(env, docnames):
     """(path, notebook, reader format, timeout, allow_errors) for each page in ``docnames`` that
     myst-nb would execute now: read as ``myst_nb.sphinx_.Parser.parse`` reads it."""
     from jupyter_cache import get_cache
@@ -111,7 +111,7 @@ def execute_ahead(app, env, docnames):
     import nbformat
     from jupyter_cache.base import CacheBundleIn
 
-    cache, todo = _to_execute(app, env, docnames)
+    cache, todo = _to_execute(env, docnames)
     if len(todo) < 2:
         return                        # nothing to overlap: myst-nb runs it as it reads
     # the solved labs first: they are the longest, and a long one last would run alone
