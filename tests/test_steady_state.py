@@ -73,17 +73,27 @@ def test_a_stable_rate_converges_and_an_excessive_one_is_called_overloaded():
 
 def test_a_warm_up_shortfall_that_wears_down_is_not_an_overload():
     p = Percentiles(1.0, 1.0, 1.0, 1.0)
-    def window(n, offered, achieved, p99):
-        return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved, p, p,
+    def window(n, offered, achieved, p99, ttft=0.1):
+        return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved,
+                         Percentiles(ttft, ttft, ttft, ttft), p,
                          Percentiles(1.0, 1.0, 1.0, p99), math.nan, math.nan, 1.0, 0.0, 1.0, 0)
     c = ss.Criterion()
     ramp = (window(800, 100, 90, 2.0), window(1600, 100, 95.5, 2.5))  # shortfall 10% -> 4.5%
     assert not c.overloaded(*ramp)
-    behind = (window(800, 100, 70, 2.0), window(1600, 100, 70, 4.0))
+    # a shortfall that shrinks by a fifth is a warm-up still wearing off, even with the tail
+    # and the wait growing (the old rule, 3/4 of the shortfall kept, called it an overload)
+    filling = (window(800, 100, 90, 2.0, 0.1), window(1600, 100, 92, 4.0, 0.3))
+    assert not c.overloaded(*filling)
+    behind = (window(800, 100, 70, 2.0, 0.1), window(1600, 100, 70, 4.0, 0.3))
     assert c.overloaded(*behind)
-    assert not c.overloaded(window(400, 100, 70, 2.0), window(800, 100, 70, 4.0))  # too short
+    # the same shortfall and tail without a growing wait for the first token: no queue
+    assert not c.overloaded(window(800, 100, 70, 2.0), window(1600, 100, 70, 4.0))
+    assert not c.overloaded(window(400, 100, 70, 2.0, 0.1),
+                            window(800, 100, 70, 4.0, 0.3))  # too short
     same = (window(800, 100, 99, 2.0), window(1600, 120, 119, 2.1))
     assert c.agree(*same)  # the offered load moved; the server followed it
+    # everything else agrees but the first token waits twice as long: a queue building up
+    assert not c.agree(window(800, 100, 99, 2.0, 0.1), window(1600, 100, 99, 2.0, 0.2))
 
 
 def test_capacity_under_an_slo_sits_below_saturation():
@@ -139,9 +149,10 @@ def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
             assert strict.verdict(p) != ss.MEETS
 
 
-def _window(n, attainment, achieved=100.0, p99=2.0, offered=100.0):
+def _window(n, attainment, achieved=100.0, p99=2.0, offered=100.0, ttft=0.1):
     p = Percentiles(1.0, 1.0, 1.0, 1.0)
-    return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved, p, p,
+    return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved,
+                     Percentiles(ttft, ttft, ttft, ttft), p,
                      Percentiles(1.0, 1.0, 1.0, p99), attainment, math.nan, 1.0, 0.0, 1.0, 0)
 
 
@@ -151,7 +162,11 @@ def _window(n, attainment, achieved=100.0, p99=2.0, offered=100.0):
     (ss.STABLE, [(400, 1.0), (800, 0.89), (1600, 0.88)], ss.MISSES),
     (ss.OVERLOADED, [(400, 1.0), (800, 0.95, 60), (1600, 0.93, 55, 4.0)], ss.MISSES),
     # not established: met at both longest lengths, carrying the load, tail steady
-    (ss.UNSETTLED, [(400, 1.0, 85), (800, 1.0, 97), (1600, 0.95, 101, 2.1)], ss.MEETS),
+    (ss.UNSETTLED, [(400, 1.0, 85), (800, 0.96, 97), (1600, 0.955, 101, 2.1)], ss.MEETS),
+    # met at both, but the attainment falling, or the first token's wait growing: a queue
+    # building up that a longer trace would show (Chapter 7's short 1P3D: 0.993, 0.973, 0.905)
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.993), (1600, 0.973)], ss.UNDECIDED),
+    (ss.UNSETTLED, [(400, 1.0), (800, 0.95), (1600, 0.95, 100, 2.0, 100, 0.2)], ss.UNDECIDED),
     # missed at both: a longer trace only adds queueing
     (ss.UNSETTLED, [(400, 1.0), (800, 0.85), (1600, 0.88)], ss.MISSES),
     # crossing the target, a growing tail, or a shortfall: cannot tell

@@ -32,6 +32,19 @@ from inferlab.validation import positive, positive_ints
 
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default, and the course's everywhere
 KV_CACHE_DTYPES = (None, "int8")  # None: K/V in the model's dtype (inferlab.serving.paged_int8)
+GIB = 1 << 30
+
+
+def engine_max_batch(device_name: str, memory_bytes: float) -> int:
+    """The cap on running sequences vLLM sets when ``max_num_seqs`` is left unset, for a GPU
+    called ``device_name`` reporting ``memory_bytes``: 1,024 on GPUs of 70 GiB or more other
+    than the A100 (the H100, H200, B200, MI300X), else 256 (engine fact
+    ``vllm-max-num-seqs-defaults``: ``EngineArgs`` picks both by device). The simulated
+    servers of Chapters 4, 7 and 8 use it, so that their batches are capped where a default
+    vLLM server's would be, not by a number of the course's own."""
+    if memory_bytes >= 70 * GIB and "a100" not in device_name.lower():
+        return 1024
+    return 256
 
 
 

@@ -46,6 +46,7 @@ from dataclasses import asdict
 from inferlab.analysis import formulas
 from inferlab.analysis.capacity import kv_blocks_for_device
 from inferlab.analysis.hardware import get_device_spec
+from inferlab.serving.config import engine_max_batch
 from inferlab.analysis.request_time import link_bandwidths
 from inferlab.analysis.step_time import StepModel
 from inferlab.data import data_path
@@ -95,8 +96,9 @@ def workload(kind: str) -> Workload:
 def setup(link: str = LINK, gpus: int | None = None) -> dict:
     """The designs on ``gpus`` (default ``GPUS``) GPUs joined by ``link``
     (``inferlab.sim.disaggregation.designs``)."""
-    return designs(ModelConfig.from_name(MODEL), get_device_spec(DEVICE), gpus or GPUS,
-                   link_bandwidths()[link], token_budget=TOKEN_BUDGET)
+    spec = get_device_spec(DEVICE)
+    return designs(ModelConfig.from_name(MODEL), spec, gpus or GPUS, link_bandwidths()[link],
+                   max_batch=engine_max_batch(spec.name, spec.memory), token_budget=TOKEN_BUDGET)
 
 
 def model() -> ModelConfig:

@@ -59,7 +59,7 @@ from inferlab.analysis.step_time import (FOUR_BIT, MXFP4, NVFP4, PRECISIONS as _
     StepModel, cost_precision, kv_bytes_per_token, precision, weight_bytes)
 from inferlab.data import data_path
 from inferlab.model.config import ModelConfig
-from inferlab.serving.config import BLOCK_SIZE, ServingConfig
+from inferlab.serving.config import BLOCK_SIZE, ServingConfig, engine_max_batch
 from inferlab.serving.metrics import SLO
 from inferlab.sim.cost_limits import BatchLimit, batch_limit
 from inferlab.sim.records import capacity_from_dict, capacity_to_dict
@@ -212,8 +212,14 @@ class CostCase:
     ttft_s: float = 2.0
     tpot_s: float = 0.05
     target: float = 0.9            # share of requests within the SLO
-    max_batch: int = 256
+    max_batch: int | None = None   # running sequences at most; None: vLLM's default for the
+                                   # device (``engine_max_batch``: 1,024 on an H100, 256 on an A100)
     token_budget: int = 2048       # tokens per chunked step (vLLM's max_num_batched_tokens)
+
+    def __post_init__(self) -> None:
+        if self.max_batch is None:
+            spec = get_device_spec(self.device)
+            object.__setattr__(self, "max_batch", engine_max_batch(spec.name, spec.memory))
 
     def config(self) -> ModelConfig:
         return ModelConfig.from_name(self.model)
