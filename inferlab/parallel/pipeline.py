@@ -86,6 +86,7 @@ def decode_stage_s(model, shape, stages: int) -> list[float]:
 
 
 def hop_bytes(tokens: int, d_model: int, bytes_per_element: int = 2) -> int:
-    """Bytes one hop carries: vLLM passes two d_model vectors per token between stages, the
-    hidden states and the residual (``IntermediateTensors``)."""
+    """Bytes one hop carries: vLLM (0.33.0) passes two d_model vectors per token between stages,
+    the hidden states and the residual (``IntermediateTensors``; row
+    vllm-pp-intermediate-tensors of data/engine_facts.csv)."""
     return 2 * tokens * d_model * bytes_per_element
