@@ -41,7 +41,10 @@ def post(srv, **changes):
 # What a client asks for that the server does not do, and the value that means "off".
 ASKED = {"best_of": 2, "echo": True, "frequency_penalty": 0.5, "presence_penalty": -1.0,
          "repetition_penalty": 1.2, "logit_bias": {"5": 10}, "logprobs": 1, "suffix": "}",
-         "min_p": 0.1, "min_tokens": 3}
+         "min_p": 0.1, "min_tokens": 3,
+         # vLLM's structured-output fields before v0.12.0 (now structured_outputs)
+         "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ["a", "b"],
+         "guided_grammar": 'root ::= "a"'}
 
 
 @pytest.mark.parametrize("field", sorted(NOT_IMPLEMENTED))

@@ -92,7 +92,7 @@ def test_roles_change_the_prompt(server):
 
 @pytest.mark.parametrize("change, param", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "grammar"}}, "response_format.type"),
     ({"logprobs": True}, "logprobs"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),

@@ -119,7 +119,7 @@ def test_message_inputs_with_text_parts_render_like_chat_messages():
     ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"background": True}, "background"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "python"}}}, "text.format.type"),
     ({"input": []}, "input"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0]"),

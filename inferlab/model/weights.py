@@ -19,8 +19,11 @@ as ``inferlab.model.moe.MoELlama``, which runs wherever the dense model does.
 switches between them by changing that name. ``save_checkpoint`` writes the same layout, which
 is how the tests make a checkpoint offline. A file that is missing, a ``config.json`` of another
 architecture, or a tokenizer from another checkpoint is refused with the file's name. The
-tokenizer comes from ``transformers`` when it is installed, else from the lighter ``tokenizers``
-package; neither is needed to load weights.
+tokenizer is read from ``tokenizer.json`` by the ``tokenizers`` package whenever that file
+exists, whether or not ``transformers`` is installed (XGrammar, the structured-output library of
+``inferlab[grammar]``, brings ``transformers``, and installing it must not change how the course
+tokenizes); ``transformers`` is used only for a checkpoint without ``tokenizer.json``. Neither
+is needed to load weights.
 """
 
 from __future__ import annotations
@@ -275,23 +278,27 @@ def _eos_from_files(path: Path, token_to_id) -> int | list[int] | None:
 
 
 def load_tokenizer(path: str | Path, model=None) -> Tokenizer:
-    """The tokenizer stored with a checkpoint, through ``transformers`` or ``tokenizers``.
+    """The tokenizer stored with a checkpoint: its ``tokenizer.json`` through ``tokenizers``,
+    or, for a checkpoint without one, through ``transformers`` (the module says why in that
+    order).
 
     With ``model``, also check that the two match (``check_vocabulary``). Raises ImportError
     saying what to install when neither package is present.
     """
     path, file = Path(path), Path(path) / "tokenizer.json"
     try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        AutoTokenizer = None
-    try:
         from tokenizers import Tokenizer as FastTokenizer
     except ImportError:
-        if AutoTokenizer is None:
-            raise ImportError("loading a tokenizer needs the `tokenizers` package (or "
-                              "`transformers`): run `pip install tokenizers`. The model itself "
-                              "loads without either.") from None
+        FastTokenizer = None
+    AutoTokenizer = None
+    if FastTokenizer is None or not file.is_file():  # only then does transformers load it
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            if FastTokenizer is None:
+                raise ImportError("loading a tokenizer needs the `tokenizers` package (or "
+                                  "`transformers`): run `pip install tokenizers`. The model "
+                                  "itself loads without either.") from None
     if not file.is_file() and (AutoTokenizer is None
                                or not (path / "tokenizer_config.json").is_file()):
         raise FileNotFoundError(

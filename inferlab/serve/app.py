@@ -23,6 +23,13 @@ tenants, the metrics, the limits) is one ``Server`` on ``app.state.server``.
   it drains or if the engine loop died, 503. An error inside the engine ends only the requests
   it hit: a 500 (streaming: an error object, then ``[DONE]``, as vLLM does), while the engine
   serves the rest.
+- Structured outputs: a body's ``response_format`` (JSON schema or any JSON object),
+  ``structured_outputs`` (vLLM's: ``json``, ``regex``, ``choice``, ``grammar``,
+  ``json_object``) or, on ``/v1/responses``, ``text.format`` is read once
+  (``CompletionRequest.constraint``) and compiled by XGrammar (``inferlab.serving.structured``,
+  loaded at the first such request, on a worker thread so the event loop serves on); the
+  compiled grammar rides on the engine request, whose runner masks that row's logits at every
+  step. A schema or pattern it cannot compile is a 400 naming the field.
 - ``POST /v1/responses`` (OpenAI's Responses API, ``inferlab.serve.responses``) takes the same
   path in its own shape (``ResponseShape``: a ``response`` object, or typed events), and keeps
   the responses it stores for ``previous_response_id`` and ``GET /v1/responses/{id}``.
@@ -81,6 +88,7 @@ class Server:
     draining: bool = False
     records: deque = field(default_factory=lambda: deque(maxlen=100_000))
     responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses
+    grammars: object = None         # inferlab.serving.structured.Grammars, made when first asked
 
 
 # -- the one parse ---------------------------------------------------------------------------
@@ -183,9 +191,16 @@ async def generate(request: Request, body: dict, shape, names: dict[str, str]):
     except ValueError as e:
         raise APIError(400, str(e), param=names.get("prompt", "prompt")) from None
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    try:
+        constraint = req.constraint()
+    except ValueError as e:
+        param, message = e.args[0]
+        raise APIError(400, message, param=names.get(param, param)) from None
+    grammar = None if constraint is None else await compile_grammar(server, constraint, names)
     er = EngineRequest(tuple(ids), req.max_tokens, eos_token_ids=() if req.ignore_eos
                        else server.eos_ids, temperature=req.temperature, seed=req.seed,
-                       cache_salt=tenants.cache_salt(tenant), top_k=req.top_k, top_p=req.top_p)
+                       cache_salt=tenants.cache_salt(tenant), top_k=req.top_k, top_p=req.top_p,
+                       grammar=grammar)
     stream = submit(server, er, tenant, {k: names.get(v, v) for k, v in API_NAMES.items()})
     cid, detok = shape.new_id(), Detokenizer(tokenizer, req.stops)
     created, n_prompt = int(time.time()), len(er.prompt)  # this response's creation time
@@ -258,6 +273,25 @@ async def generate(request: Request, body: dict, shape, names: dict[str, str]):
         raise engine_failed(stream)
     return shape.response(cid, server.model_name, "".join(text), reason,
                           usage(n_prompt, len(stream.tokens)), created, cached_tokens(stream))
+
+
+async def compile_grammar(server: Server, constraint: tuple, names: dict[str, str]):
+    """The compiled grammar of ``constraint`` (``(kind, spec, field)``), compiled on a worker
+    thread; the server's ``Grammars`` is made at the first call. A 400 naming the field when it
+    cannot be compiled, a 501 when XGrammar is not installed."""
+    kind, spec, param = constraint
+    try:
+        from inferlab.serving.structured import Grammars
+
+        if server.grammars is None:
+            server.grammars = await asyncio.to_thread(
+                Grammars, server.tokenizer, server.engine.model.config.vocab_size, server.eos_ids)
+        return await asyncio.to_thread(server.grammars.compile, kind, spec)
+    except ImportError as e:
+        raise APIError(501, str(e), "server_error", param=names.get(param, param)) from None
+    except ValueError as e:
+        raise APIError(400, f"{names.get(param, param)}: {e}",
+                       param=names.get(param, param)) from None
 
 
 def cached_tokens(stream) -> int:

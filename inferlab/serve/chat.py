@@ -16,9 +16,10 @@ The body: ``model``, ``messages`` (each ``{"role", "content"}``; roles ``system`
 the model's context), and every sampling field ``/v1/completions`` takes, checked by the same
 code with the same messages. An error names the field as the client sent it
 (``client_names``): ``messages`` for the prompt, ``max_completion_tokens`` when that is the
-limit it gave. Tool calls (``tools``, ``tool_choice``), ``response_format`` other than plain
-text, and log probabilities are refused with a 400 that names the field, rather than silently
-ignored.
+limit it gave. ``response_format`` (a JSON schema, or any JSON object) passes through to the
+completion body, which enforces it as structured output (``inferlab.serve.protocol``'s
+``CompletionRequest.constraint``). Tool calls (``tools``, ``tool_choice``) and log
+probabilities are refused with a 400 that names the field, rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ ROLES = ("system", "developer", "user", "assistant")
 CHAT_NOT_IMPLEMENTED = {
     "tools": ((None, []), "tool calling is not implemented"),
     "tool_choice": ((None, "none"), "tool calling is not implemented"),
-    "response_format": ((None, {"type": "text"}), "only plain text responses are produced"),
     "logprobs": ((None, False), "log probabilities are not returned"),
     "top_logprobs": ((None, 0), "log probabilities are not returned"),
 }

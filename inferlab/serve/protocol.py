@@ -66,7 +66,14 @@ NOT_IMPLEMENTED = {
     "suffix": ((None, ""), "there is no insertion mode"),
     "min_p": ((None, 0), "sampling draws from the whole distribution (no min-p)"),
     "min_tokens": ((None, 0), "generation may end at the first end-of-sequence token"),
+    # vLLM's names before v0.12.0, which removed them (its structured-outputs page)
+    **{f"guided_{kind}": ((None,), f"vLLM removed guided_{kind} in v0.12.0; send "
+                                   f"structured_outputs={{'{kind}': ...}} instead")
+       for kind in ("json", "regex", "choice", "grammar")},
 }
+# Structured outputs, as vLLM spells them (``structured_outputs``, one of these keys) and as
+# OpenAI's ``response_format`` types map onto them (``structured``).
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 class CompletionRequest(BaseModel):
@@ -105,6 +112,14 @@ class CompletionRequest(BaseModel):
     top_k: int | None = 0  # vLLM's extension: the k likeliest tokens (0 or -1: all)
     min_p: float | None = 0.0
     min_tokens: int | None = 0
+    guided_json: object = None
+    guided_regex: object = None
+    guided_choice: object = None
+    guided_grammar: object = None
+    # structured outputs: vLLM's field, and OpenAI's (Chat Completions; vLLM takes it on
+    # Completions too); checked by ``constraint``
+    structured_outputs: dict | None = None
+    response_format: dict | None = None
 
     @field_validator("max_tokens", "temperature", "stream", "top_p", mode="after")
     @classmethod
@@ -147,6 +162,64 @@ class CompletionRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def constraint(self) -> tuple[str, object, str] | None:
+        """The structured output this request asks for, as ``(kind, spec, field)``: ``kind``
+        one of ``STRUCTURED_KINDS`` (``inferlab.serving.structured.Grammars.compile`` takes
+        it), ``field`` where it came from (for an error's ``param``); None for free text.
+        Raises ``ValueError((param, message))`` for a malformed or unsupported one."""
+        so, rf = self.structured_outputs, self.response_format
+        if so is not None and rf is not None and rf.get("type") != "text":
+            raise ValueError(("response_format", "send structured_outputs or response_format, "
+                                                 "not both"))
+        found = structured(so) if so is not None else response_format(rf) if rf else None
+        if found is not None and self.ignore_eos:
+            raise ValueError(("ignore_eos", "a structured output ends when its text is "
+                                            "complete; ignore_eos cannot be used with it"))
+        return found
+
+
+def structured(so: dict) -> tuple[str, object, str]:
+    """vLLM's ``structured_outputs``: exactly one of ``STRUCTURED_KINDS`` (``json`` a schema,
+    ``regex`` a pattern, ``choice`` a list of strings, ``grammar`` EBNF, ``json_object`` true);
+    its whitespace options are accepted (this server never puts whitespace between JSON
+    tokens); ``structural_tag`` and other keys are refused."""
+    given = [k for k in STRUCTURED_KINDS if so.get(k) is not None]
+    if len(given) != 1:
+        raise ValueError(("structured_outputs", "structured_outputs takes exactly one of "
+                          f"{', '.join(STRUCTURED_KINDS)}; got {len(given)}"))
+    other = set(so) - set(STRUCTURED_KINDS) - {"disable_any_whitespace", "whitespace_pattern",
+                                               "disable_additional_properties"}
+    if other:
+        key = sorted(other)[0]
+        raise ValueError((f"structured_outputs.{key}", f"structured_outputs.{key} is not "
+                          "supported by this server (structural tags are not implemented)"))
+    kind = given[0]
+    if kind == "json_object" and so[kind] is not True:
+        raise ValueError(("structured_outputs.json_object", "json_object must be true"))
+    return kind, so[kind], f"structured_outputs.{kind}"
+
+
+def response_format(rf) -> tuple[str, object, str] | None:
+    """OpenAI's ``response_format`` (Chat Completions): ``{"type": "text"}`` (free text),
+    ``{"type": "json_object"}``, or ``{"type": "json_schema", "json_schema": {"name",
+    "schema", "strict", "description"}}``."""
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object", True, "response_format"
+    if kind != "json_schema":
+        raise ValueError(("response_format.type", "response_format.type must be text, "
+                          f"json_object or json_schema, got {kind!r}"))
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(("response_format.json_schema", "response_format.json_schema must "
+                          "be an object with a name and a schema"))
+    if not isinstance(spec.get("schema"), dict):
+        raise ValueError(("response_format.json_schema.schema", "response_format.json_schema"
+                          ".schema must be a JSON schema (an object)"))
+    return "json", spec["schema"], "response_format.json_schema.schema"
 
 
 # The engine's field names, as this API spells them (for the engine check's messages; a chat

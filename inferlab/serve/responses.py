@@ -27,8 +27,11 @@ unless its server was started with ``VLLM_ENABLE_RESPONSES_API_STORE=1``, and it
 forgets.
 
 Refused with a 400 naming the field, rather than ignored: tools, reasoning, background mode,
-``include``, log probabilities, stored prompt templates, conversation objects, truncation other
-than ``disabled``, and a ``text.format`` other than plain text.
+``include``, log probabilities, stored prompt templates, conversation objects, and truncation
+other than ``disabled``. ``text.format`` may be plain text, ``json_object`` or ``json_schema``
+(``{"type": "json_schema", "name", "schema", "strict"}``, flat where Chat Completions nests it
+under ``json_schema``); the JSON kinds become the completion body's ``structured_outputs``
+(``text_format``), and an error in them names ``text.format`` or ``text.format.schema``.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ NOT_IMPLEMENTED = {
     "max_tool_calls": ((None,), "tool calling is not implemented"),
 }
 # What the Responses API and the completion body call the same thing (client names).
-NAMES = {"prompt": "input", "max_tokens": "max_output_tokens"}
+NAMES = {"prompt": "input", "max_tokens": "max_output_tokens",
+         "structured_outputs.json": "text.format.schema",
+         "structured_outputs.json_object": "text.format"}
 # The text parts a message's content may hold, by role.
 TEXT_PARTS = {"assistant": ("output_text",), "user": ("input_text",),
               "system": ("input_text",), "developer": ("input_text",)}
@@ -124,10 +129,7 @@ def completion_body(data: dict, template: str, tokenizer, max_context: int,
         if data.get(name) not in off:
             raise ValueError(name, f"{name}={data.get(name)!r} is not supported by this "
                                    f"server: {why}; leave it out")
-    text = data.get("text")
-    if text is not None and text != {"format": {"type": "text"}} and text != {}:
-        raise ValueError("text.format", "only plain text output (text.format.type 'text') is "
-                                        "produced")
+    structured = text_format(data.get("text"))
     instructions = data.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ValueError("instructions", "instructions must be a string")
@@ -155,7 +157,33 @@ def completion_body(data: dict, template: str, tokenizer, max_context: int,
     for name in ("temperature", "top_p", "top_k", "seed", "user"):  # seed, top_k: vLLM's
         if name in data:
             body[name] = data[name]
+    if structured is not None:
+        body["structured_outputs"] = structured
     return body, turns
+
+
+def text_format(text) -> dict | None:
+    """``text.format`` as the completion body's ``structured_outputs`` (None: plain text);
+    ValueError with ``(param, message)`` for one it cannot serve."""
+    if text is None or text == {}:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or set(text) - {"format", "verbosity"}:
+        raise ValueError("text.format", "text must be {\"format\": {...}}")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind != "json_schema":
+        raise ValueError("text.format.type", "text.format.type must be text, json_object or "
+                                             f"json_schema, got {kind!r}")
+    if not isinstance(fmt.get("name"), str):
+        raise ValueError("text.format.name", "a json_schema format needs a name")
+    if not isinstance(fmt.get("schema"), dict):
+        raise ValueError("text.format.schema", "text.format.schema must be a JSON schema (an "
+                                               "object)")
+    return {"json": fmt["schema"]}
 
 
 def output_text(response: dict) -> str:
@@ -194,7 +222,7 @@ class ResponseShape:
             "previous_response_id": d.get("previous_response_id"),
             "temperature": d.get("temperature", 1.0), "top_p": d.get("top_p", 1.0),
             "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
-            "text": {"format": {"type": "text"}}, "truncation": "disabled",
+            "text": d.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
             "store": d.get("store", True) is not False, "metadata": d.get("metadata") or {},
             "usage": usage,
         }

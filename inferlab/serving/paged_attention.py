@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from inferlab.model.sampling import sample
 from inferlab.serving.interfaces import Runner
 from inferlab.serving.request import Span
+from inferlab.serving.structured import Matchers, apply_grammars
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,7 @@ class ModelRunner(Runner):
         self.model, self.cache = model, cache
         self.device = cache.k.device
         self._generators = weakref.WeakKeyDictionary()  # each sequence's stream on the device
+        self._matchers = Matchers()  # each constrained sequence's place in its grammar
 
     def generator(self, seq) -> torch.Generator | None:
         """``seq``'s random stream on the pool's device (on a GPU: seeded from its own)."""
@@ -326,6 +328,8 @@ class ModelRunner(Runner):
         ids, positions, meta = prepare([r.seq.table for r in rows], [r.seq.token_slice(
             r.start, r.new) for r in rows], [r.start for r in rows], self.cache)
         logits = self.model(ids, positions, meta, logits_at=meta.last_index)[0]  # (rows, V)
+        if any(r.seq.request.grammar is not None for r in rows):  # structured outputs
+            logits = apply_grammars(rows, logits, self._matchers)
         requests = [r.seq.request for r in rows]
         return sample(logits, torch.tensor([q.temperature for q in requests], dtype=torch.float32),
                       [self.generator(r.seq) if r.emits else None for r in rows],

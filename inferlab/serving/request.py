@@ -61,7 +61,9 @@ class Request:
     (random if None), drawn once per token it emits. ``top_k`` (0: off) keeps only the k
     likeliest tokens and ``top_p`` (1: off) the smallest set of them whose probability reaches
     p (nucleus sampling) before the draw. ``cache_salt`` names the prefix-cache namespace the
-    request may share blocks in (None: the shared one; a server sets it per tenant).
+    request may share blocks in (None: the shared one; a server sets it per tenant). ``grammar``
+    (None: free text) is a compiled grammar its tokens must follow (structured outputs,
+    ``inferlab.serving.structured``): end-of-sequence comes only once the text is complete.
     """
 
     prompt: tuple[int, ...]
@@ -74,6 +76,7 @@ class Request:
     cache_salt: str | None = None
     top_k: int = 0
     top_p: float = 1.0
+    grammar: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _token_ids(self.prompt))
