@@ -3,8 +3,10 @@ of the bytes a step reads, because every sequence's KV cache stays 16-bit.
 
 Counted with the course's one model of time (``inferlab.analysis.step_time``) and Chapter 2's
 capacity, for Llama-2-7B on an H100 SXM: the gain never beats 1 / ((1 - s) + s / 4), s the
-weights' share of the bf16 step's bytes; it falls as the batch and the context grow; and the
-batch at which counting the weights alone still promises 2x does not fit on the GPU.
+weights' share of the bf16 step's bytes (1 / ((1 - s) + s b / 2) with int4's b bytes per weight,
+its 16-bit scale per 128 weights included, as the chapter prices it); it falls as the batch and
+the context grow; and the batch at which counting the weights alone still promises 2x does not
+fit on the GPU.
 """
 
 import pytest
@@ -18,7 +20,7 @@ from inferlab.model.config import ModelConfig
 LLAMA7 = ModelConfig.from_name("llama-2-7b")
 H100 = get_device_spec("H100 SXM")
 BF16 = StepModel.for_device(LLAMA7, H100, "bf16")
-W4 = StepModel.for_device(LLAMA7, H100, "int4 weights")
+W4 = StepModel.for_device(LLAMA7, H100, "int4 weights g128")  # the precision Chapter 5 prices
 
 
 def gain(batch, context):
@@ -35,7 +37,9 @@ def weight_share(batch, context):
 def test_the_gain_never_beats_the_weights_share_of_the_bytes(batch, context):
     s = weight_share(batch, context)
     assert W4.precision.bytes_per_kv == BF16.precision.bytes_per_kv == 2  # the cache stays bf16
-    assert 1.0 <= gain(batch, context) <= 1 / ((1 - s) + s / 4) * (1 + 1e-9)
+    b = W4.precision.bytes_per_weight
+    assert b == pytest.approx(formulas.quantized_bytes_per_weight(4, 128)) == 0.5 + 2 / 128
+    assert 1.0 <= gain(batch, context) <= 1 / ((1 - s) + s * b / 2) * (1 + 1e-9)
 
 
 def test_the_gain_falls_with_the_batch_and_the_context():
