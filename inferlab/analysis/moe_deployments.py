@@ -304,6 +304,17 @@ def decode_step_s(layout: EPLayout, device: str, batch_per_gpu: float, context: 
     return model.overlapped_s(shape, half_read, all_to_all)
 
 
+def overlap_sides(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
+                  all_to_all: ExpertAllToAll | None = None, positions: int = 1,
+                  **kw) -> tuple[float, float]:
+    """(computation, communication) of ``decode_step_s``'s overlapped step, each summed over
+    the two micro-batches: each micro-batch reads the weights its half of the batch touches and
+    pays every call's latency again. The step is the larger of the two."""
+    model, shape, _ = _step(layout, device, batch_per_gpu, context, positions=positions, **kw)
+    _, _, half_read = _step(layout, device, batch_per_gpu / 2, context, positions=positions, **kw)
+    return model.overlap_sides(shape, half_read, all_to_all)
+
+
 def step_parts(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
                all_to_all: ExpertAllToAll | None = None, positions: int = 1, **kw) -> dict:
     """Seconds per kernel class of one GPU's step, the communication split into its latency
