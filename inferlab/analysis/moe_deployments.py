@@ -19,12 +19,15 @@ The network is in the step-time model's version of the step (``decode_step_kerne
 ``all_to_all``): every MoE layer dispatches each token's k rows to its experts' GPUs in FP8 and
 combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), through each GPU's
 400 Gb/s NIC, priced from DeepEP's published kernels in two bounds
-(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``;
-``deepseek_all_to_all_at`` takes the dearer of the two at a call's width). DeepSeek's service
+(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``).
+``deepseek_all_to_all_at`` takes the dearer of the two at a call's width, and is the one choice
+Chapters 8 and 10 both call: at DeepSeek's published point a micro-batch's call is below the
+width DeepEP timed, so the bound with the per-call latency. DeepSeek's service
 runs core MLA in BF16 beside FP8 matmuls (same overview), so attention is priced at the BF16
 peak. DeepSeek overlaps communication with computation by splitting each step into two
 micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which hides only the smaller of
-the two. ``published_operating_point`` reads the decode batch per GPU and the context from
+the two; ``overlap_sides`` gives both, each micro-batch re-reading the weights and paying every
+call's latency again. ``published_operating_point`` reads the decode batch per GPU and the context from
 DeepSeek's published statistics, ``profile_operating_point`` its published decode profile,
 ``published_daily_usd_per_m`` its whole service's cost over its output tokens, and
 ``mtp_tokens_per_step`` the tokens a step yields with the multi-token-prediction module
