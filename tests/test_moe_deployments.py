@@ -206,3 +206,23 @@ def test_the_dearer_all_to_all_bound_is_taken_at_a_calls_width():
                 max(c.cost(phase, tokens).latency_s + c.cost(phase, tokens).transfer_s
                     for c in both))
         assert chosen.fixed_latency == (tokens < width)
+
+
+def test_at_the_published_point_the_latency_bound_lets_the_nic_bind_the_overlapped_step():
+    """Chapter 10's statement. Two micro-batches of 44 tokens: each re-reads the weights, so
+    the computation side is about twice the sequential one; the communication side pays every
+    call's latency twice. With DeepEP's per-call latency (the shared default below 128 tokens a
+    call) the NIC binds; without it the two sides are level, the computation a hair ahead."""
+    ds, point = md.deepseek_layout("decode"), md.published_operating_point()
+    b, c = point.batch_per_gpu, point.context
+    chosen = md.deepseek_all_to_all_at(ds, b / 2)
+    assert chosen.fixed_latency
+    work, talk = md.overlap_sides(ds, "H100 SXM", b, c, chosen)
+    assert md.decode_step_s(ds, "H100 SXM", b, c, chosen, overlap=True) == pytest.approx(talk)
+    assert talk > 1.3 * work
+    free_work, free_talk = md.overlap_sides(ds, "H100 SXM", b, c, md.deepseek_all_to_all(ds))
+    assert free_work == work and free_talk < free_work < 1.01 * free_talk
+    # the sequential parts of the same step, the weights read once
+    parts = md.step_parts(ds, "H100 SXM", b, c)
+    once = parts["linear"] + parts["attention"] + parts["lm_head"]
+    assert 1.3 * once < work < 2 * once

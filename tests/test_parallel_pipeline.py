@@ -73,6 +73,10 @@ def test_the_slowest_stage_sets_the_pace(batches, times, tau):
     slowest = times.index(max(times))
     assert shares[slowest] == pytest.approx(
         pp.decode_utilisation(batches, len(times), times, tau), abs=0.02)
+    # every stage, not only the slowest: a faster one idles while the slowest is full
+    each = pp.stage_utilisations(batches, len(times), times, tau)
+    assert list(shares) == pytest.approx(each, abs=0.02)
+    assert max(each) == each[slowest] and all(u < 1 for i, u in enumerate(each) if i != slowest)
     if batches <= pp.batches_to_fill(len(times), times, tau):
         assert gap == pytest.approx(pp.decode_round_trip_s(len(times), times, tau), rel=0.02)
     # full, the pipeline serves one batch every t_max: slower than equal stages of the same total

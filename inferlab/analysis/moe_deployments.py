@@ -19,12 +19,15 @@ The network is in the step-time model's version of the step (``decode_step_kerne
 ``all_to_all``): every MoE layer dispatches each token's k rows to its experts' GPUs in FP8 and
 combines them back in bf16 (DeepSeek-AI 2025, inference-system overview), through each GPU's
 400 Gb/s NIC, priced from DeepEP's published kernels in two bounds
-(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``;
-``deepseek_all_to_all_at`` takes the dearer of the two at a call's width). DeepSeek's service
+(``inferlab.analysis.collectives.ExpertAllToAll``; ``deepseek_all_to_all``).
+``deepseek_all_to_all_at`` takes the dearer of the two at a call's width, and is the one choice
+Chapters 8 and 10 both call: at DeepSeek's published point a micro-batch's call is below the
+width DeepEP timed, so the bound with the per-call latency. DeepSeek's service
 runs core MLA in BF16 beside FP8 matmuls (same overview), so attention is priced at the BF16
 peak. DeepSeek overlaps communication with computation by splitting each step into two
 micro-batches (``overlap=True``: ``StepModel.overlapped_s``), which hides only the smaller of
-the two. ``published_operating_point`` reads the decode batch per GPU and the context from
+the two; ``overlap_sides`` gives both, each micro-batch re-reading the weights and paying every
+call's latency again. ``published_operating_point`` reads the decode batch per GPU and the context from
 DeepSeek's published statistics, ``profile_operating_point`` its published decode profile,
 ``published_daily_usd_per_m`` its whole service's cost over its output tokens, and
 ``mtp_tokens_per_step`` the tokens a step yields with the multi-token-prediction module
@@ -302,6 +305,17 @@ def decode_step_s(layout: EPLayout, device: str, batch_per_gpu: float, context: 
         return model.seconds(shape, read, all_to_all)
     _, _, half_read = _step(layout, device, batch_per_gpu / 2, context, positions=positions, **kw)
     return model.overlapped_s(shape, half_read, all_to_all)
+
+
+def overlap_sides(layout: EPLayout, device: str, batch_per_gpu: float, context: int,
+                  all_to_all: ExpertAllToAll | None = None, positions: int = 1,
+                  **kw) -> tuple[float, float]:
+    """(computation, communication) of ``decode_step_s``'s overlapped step, each summed over
+    the two micro-batches: each micro-batch reads the weights its half of the batch touches and
+    pays every call's latency again. The step is the larger of the two."""
+    model, shape, _ = _step(layout, device, batch_per_gpu, context, positions=positions, **kw)
+    _, _, half_read = _step(layout, device, batch_per_gpu / 2, context, positions=positions, **kw)
+    return model.overlap_sides(shape, half_read, all_to_all)
 
 
 def step_parts(layout: EPLayout, device: str, batch_per_gpu: float, context: int,

@@ -393,19 +393,27 @@ class StepModel:
         total = sum(k.seconds for k in self.kernels(shape, linear_bytes, experts)) + self.overhead_s
         return float(total) if np.ndim(total) == 0 else total  # a number stays a Python float
 
-    def overlapped_s(self, shape: Shape, linear_bytes: float | None = None,
-                     experts: ExpertAllToAll | None = None, micro_batches: int = 2) -> float:
-        """The step cut into ``micro_batches`` whose communication runs under one another's
-        computation (DeepSeek's two-batch overlap). Each micro-batch reads the weights
-        (``linear_bytes``: one micro-batch's) and pays every call's latency again; overlap
-        hides only the smaller of computation and communication, so the step costs
-        max(sum of compute kernels, sum of communication kernels) over the micro-batches."""
+    def overlap_sides(self, shape: Shape, linear_bytes: float | None = None,
+                      experts: ExpertAllToAll | None = None,
+                      micro_batches: int = 2) -> tuple[float, float]:
+        """The two sides of ``overlapped_s``: (computation, communication), each summed over
+        the ``micro_batches``. Each micro-batch reads the weights (``linear_bytes``: one
+        micro-batch's) and pays every call's latency again, so either side may exceed its
+        share of the step run in sequence."""
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be at least 1, got {micro_batches}")
         ks = self.kernels(shape.times(1 / micro_batches), linear_bytes, experts)
         compute = micro_batches * sum(k.seconds for k in ks if k.name not in COMMUNICATION)
         talk = micro_batches * sum(k.seconds for k in ks if k.name in COMMUNICATION)
-        return max(compute, talk) + self.overhead_s
+        return float(compute), float(talk)
+
+    def overlapped_s(self, shape: Shape, linear_bytes: float | None = None,
+                     experts: ExpertAllToAll | None = None, micro_batches: int = 2) -> float:
+        """The step cut into ``micro_batches`` whose communication runs under one another's
+        computation (DeepSeek's two-batch overlap). Overlap hides only the smaller of
+        computation and communication (``overlap_sides``), so the step costs the larger."""
+        return max(self.overlap_sides(shape, linear_bytes, experts, micro_batches)) \
+            + self.overhead_s
 
     # --- the shapes callers ask about ---------------------------------------------------
     def rows_s(self, rows: Iterable[tuple[float, float]]) -> float:

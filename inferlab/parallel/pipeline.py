@@ -64,6 +64,16 @@ def decode_utilisation(batches_in_flight: int, stages: int, stage_s,
     return min(1.0, batches_in_flight * max(_stages(stages, stage_s)) / round_trip)
 
 
+def stage_utilisations(batches_in_flight: int, stages: int, stage_s,
+                       transfer_s: float = 0.0) -> list[float]:
+    """Steady-state busy fraction of every stage: the pipeline passes min(m / R, 1 / t_max)
+    batches a second, and stage i works t_i on each, so only the slowest stage can reach 1; a
+    faster stage idles 1 - t_i / t_max of the time even when the slowest one is full."""
+    times = _stages(stages, stage_s)
+    slowest = decode_utilisation(batches_in_flight, stages, stage_s, transfer_s)
+    return [slowest * t / max(times) for t in times]
+
+
 def batches_to_fill(stages: int, stage_s, transfer_s: float = 0.0) -> int:
     """The fewest batches in flight that keep the slowest stage busy: ceil(R / t_max)."""
     round_trip = decode_round_trip_s(stages, stage_s, transfer_s)
