@@ -97,22 +97,30 @@ def pass_kernels(model: StepModel, tokens: int, context: int = 0, batch: int = 1
 
 
 def max_batch(memory: float, weight_bytes: float, kv_bytes_per_token: float, context: int,
-              k: int, draft: float = 0.0, utilization: float = 1.0) -> int:
+              k: int, draft: "float | StepModel" = 0.0, utilization: float = 1.0) -> int:
     """The most sequences of ``context`` cached tokens that can speculate with ``k`` drafts.
 
     The binding constraint is the KV cache at its peak, during a verification: each sequence
     then holds ``context + k + 1`` slots (the k + 1 written before the verifier decides), in
     the target's cache and in the draft's. They share ``utilization`` x ``memory`` (an engine's
     budget, e.g. vLLM's ``gpu_memory_utilization``) with both models' weights. ``draft``: the
-    draft as a number c, c times the target in weights and in cached bytes per token (as
-    ``batched_speedup`` takes it). Activations, CUDA graphs and the allocator's slack are not
-    counted, so this is still an upper bound."""
+    draft's own ``StepModel`` (its weights read per step, its cache per token; an EAGLE head's
+    LM head, shared with the target, is then counted twice, a few hundred MB), or a number c,
+    c times the target in weights and in cached bytes per token (as ``batched_speedup`` takes
+    it). Activations, CUDA graphs and the allocator's slack are not counted, so this is still
+    an upper bound."""
     _check(0.0, k)
-    if not 0 < utilization <= 1 or draft < 0 or context < 0:
-        raise ValueError(f"need 0 < utilization <= 1, draft >= 0 and context >= 0, got "
-                         f"{utilization!r}, {draft!r}, {context!r}")
-    room = utilization * memory - (1 + draft) * weight_bytes
-    per_sequence = (context + k + 1) * (1 + draft) * kv_bytes_per_token
+    if isinstance(draft, StepModel):
+        draft_weights, draft_kv = draft.weight_bytes_read(), draft.attention.kv_bytes_per_token
+    else:
+        if draft < 0:
+            raise ValueError(f"need draft >= 0, got {draft!r}")
+        draft_weights, draft_kv = draft * weight_bytes, draft * kv_bytes_per_token
+    if not 0 < utilization <= 1 or context < 0:
+        raise ValueError(f"need 0 < utilization <= 1 and context >= 0, got "
+                         f"{utilization!r}, {context!r}")
+    room = utilization * memory - weight_bytes - draft_weights
+    per_sequence = (context + k + 1) * (kv_bytes_per_token + draft_kv)
     return max(0, int(room // per_sequence))
 
 
@@ -141,6 +149,21 @@ class SpecRound:
 
 def _draft_model(target: StepModel, draft: "StepModel | float") -> StepModel:
     return draft if isinstance(draft, StepModel) else target.scaled(draft)
+
+
+def eagle_head(target: StepModel, fused: int = 2) -> StepModel:
+    """An EAGLE-style draft head on ``target``, with its own shape (Li et al. 2024, EAGLE, and
+    ``inferlab.model.eagle``): one decoder layer of the target's width, a linear layer fusing
+    ``fused`` d-wide vectors into one (EAGLE: the next token's embedding and the target's
+    feature), and the target's own LM head, which each draft step reads again. Its cache is one
+    layer's. The layer is the target's average layer (its linear weights over its layers)."""
+    if fused < 1:
+        raise ValueError(f"fused must be >= 1, got {fused}")
+    n, a = target.n_layers, target.attention
+    return replace(target, n_layers=1,
+                   linear_params=target.linear_params / n + fused * target.d_model ** 2,
+                   attention=replace(a, kv_bytes_per_token=a.kv_bytes_per_token / n,
+                                     flops_per_pair=a.flops_per_pair / n))
 
 
 def spec_round(target: StepModel, batch: int, a: float, k: int, draft: "StepModel | float",
