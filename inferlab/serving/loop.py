@@ -191,8 +191,7 @@ class StepLoop:
             self.fail([*sched.running, *sched.waiting[:1]], "scheduling", error)
             return []
         if step.is_empty:
-            self._idle(step)
-            return []
+            return self._idle(step)
         kept, forwards = {}, []  # kept: id(seq) -> its token and when it came out
         for rows in step.forwards:
             t0 = self.clock.now()
@@ -223,11 +222,11 @@ class StepLoop:
     def close(self) -> None:
         """Release what the loop holds between runs (nothing here; a lookahead's worker)."""
 
-    def _idle(self, step) -> None:
+    def _idle(self, step) -> list[Sequence]:
         """Nothing to run: skip the clock to the next arrival, or to when the policy asked to be
-        woken (``step.wake_at_s``); a loop with neither is stuck."""
+        woken (``step.wake_at_s``); a loop with neither is stuck. Nothing finished: []."""
         if self.done:
-            return  # the policy retired the last sequences
+            return []  # the policy retired the last sequences
         wake = [t for t in (self._pending[0][0] if self._pending else None, step.wake_at_s)
                 if t is not None]
         if not wake:
@@ -235,6 +234,7 @@ class StepLoop:
                                "waiting, none admitted, nothing running and no arrival to "
                                "wait for")
         self.clock.skip_to(min(wake))
+        return []
 
     def _drop(self, step, seqs: list[Sequence], error: BaseException) -> None:
         """``seqs`` failed in a forward pass: take them out of the engine (``fail``) and of the

@@ -27,9 +27,8 @@ overlap gives it (a seeded one draws from its own generator once per emitted tok
 What can differ is when things happen: a sequence that stopped at an end-of-sequence token
 holds its blocks one step longer, so the lookahead may admit a waiting request a step later or
 preempt where the plain loop would not. What cannot overlap: the token a forward feeds in is the
-one the step before sampled (so N+1 waits for N's tokens; SGLang and vLLM read them on the
-device instead of the host), and a check on them (a stop string, a grammar's mask for the next
-token) must wait for them too.
+one the step before sampled (so N+1 waits for N's tokens), and a check on them (a stop string,
+a grammar's mask for the next token) must wait for them too.
 
 A sequence withdrawn between steps (a client hung up) loses the token its in-flight row
 produces, as it would have without overlap, where that row would never have run. Failures are
