@@ -91,8 +91,8 @@ class LookaheadLoop(StepLoop):
         except Exception as error:  # a policy may have half-changed any of these
             self.fail([*sched.running, *sched.waiting[:1]], "scheduling", error)
             nxt = Step()
-        inputs = self._inputs(nxt)
-        finished = self._land() if self.flight is not None else []
+        inputs, landing = self._inputs(nxt), self.flight is not None
+        finished = self._land() if landing else []
         if self._settle(nxt):
             inputs = self._inputs(nxt)
         for each, holes in inputs:
@@ -101,8 +101,8 @@ class LookaheadLoop(StepLoop):
                                                                  device=each[0].device)
         if not nxt.is_empty:
             self._launch(nxt, [each for each, _ in inputs], now)
-        elif self.flight is None and not finished:
-            self._idle(nxt)
+        elif not landing:  # (after a landing, ask the policy again: it may have room now)
+            return self._idle(nxt)
         return finished
 
     def _inputs(self, step: Step) -> list:
@@ -110,7 +110,7 @@ class LookaheadLoop(StepLoop):
         when the pass would have run), and its holes: where its ids hold a placeholder, and
         whose (a row that ends at its sequence's newest token feeds that token last)."""
         out = []
-        for rows in step.forwards:
+        for rows in step.forwards if not step.is_empty else []:
             try:
                 each, holes, end = self.runner.inputs(rows), [], 0
             except Exception as error:
