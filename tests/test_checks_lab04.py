@@ -142,6 +142,14 @@ def utilisation_full_last_group(lens, b):
     return useful / reserved
 
 
+def overlap_hides_the_longer(host_s, device_s):
+    return host_s + device_s, min(host_s, device_s)
+
+
+def overlap_sums_both_ways(host_s, device_s):
+    return host_s + device_s, host_s + device_s
+
+
 CASES = {
     "static_policy": (static_policy, [static_without_padding, static_without_padding_rows,
                                       static_that_lets_newcomers_join,
@@ -153,6 +161,8 @@ CASES = {
     "percentile": (metrics.percentile, [nearest_rank, unsorted_percentile]),
     "static_slot_utilisation": (formulas.static_slot_utilisation,
                                 [global_max_utilisation, utilisation_full_last_group]),
+    "overlapped_step_s": (formulas.overlapped_step_s, [overlap_hides_the_longer,
+                                                      overlap_sums_both_ways]),
 }
 
 
@@ -172,4 +182,5 @@ test_specific_hints = hints(lab04, CASES, [
     (tpot_over_n, "n - 1 gaps"),
     (nearest_rank, "nearest rank"),
     (global_max_utilisation, "ITS longest"),
+    (overlap_hides_the_longer, "not the shorter"),
 ])

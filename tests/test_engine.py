@@ -102,8 +102,9 @@ def test_unknown_policy():
 
 
 # -- end-of-sequence ---------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
 @pytest.mark.parametrize("policy", ["continuous", "static"])
-def test_a_request_ends_at_its_end_of_sequence_token(policy):
+def test_a_request_ends_at_its_end_of_sequence_token(policy, overlap):
     p = prompt(5, 3)
     alone = generate(model(), torch.tensor(p), 12)[0, 5:].tolist()
     eos = alone[3]  # the 4th token it would produce: make it the stop token
@@ -111,7 +112,7 @@ def test_a_request_ends_at_its_end_of_sequence_token(policy):
     requests = [Request(p, 12, 0.0, "stops", eos_token_ids=[eos]),
                 Request(p, 12, 0.0, "runs on"),
                 Request(prompt(4, 9), 7, 0.0, "other")]
-    run = serve(model(), requests, ServingConfig(policy=policy, max_batch=3))
+    run = serve(model(), requests, ServingConfig(policy=policy, max_batch=3, overlap=overlap))
     stops, runs_on, other = run.results
     assert list(stops.tokens) == alone[:stop_at + 1]  # the stop token is returned, last
     assert stops.finish_reason == "stop" and stops.timing.n_tokens == stop_at + 1

@@ -289,3 +289,16 @@ def static_slot_utilisation(output_lens: list[int], batch_size: int) -> float:
         useful += sum(group)
         reserved += len(group) * max(group)
     return useful / reserved
+
+
+def overlapped_step_s(host_s: float, device_s: float) -> tuple[float, float]:
+    """Seconds per engine step (without, with) one step of lookahead (overlap scheduling).
+
+    Without it the host's work (scheduling, building the forward's metadata, recording the
+    tokens) runs before the device's (the forward and the sampling), so a step takes their sum;
+    with it the host prepares the next step while the device runs this one, and a step takes
+    the longer of the two (``inferlab.serving.overlap``).
+    """
+    if host_s < 0 or device_s < 0:
+        raise ValueError("host and device seconds must be non-negative")
+    return host_s + device_s, max(host_s, device_s)

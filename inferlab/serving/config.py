@@ -19,6 +19,10 @@ own, before the decode batch (the engine of Chapter 4).
 (``inferlab.serving.paged_int8``): nearly four times the tokens of a float32 pool in the same
 bytes, at the rounding Chapter 5 measures.
 
+``overlap=True`` runs the engine one step ahead of its forward passes
+(``inferlab.serving.overlap``: SGLang's overlap scheduler, vLLM's async scheduling): the next
+step is scheduled and its inputs built while the current one runs, with the same tokens.
+
 ``num_blocks`` may be left ``None`` when a config is handed to ``inferlab.serving.engine.serve``,
 which then sizes the pool from the requests it accepts (and never beyond the device's memory).
 """
@@ -68,6 +72,9 @@ class ServingConfig:
     # blocks of a second KV tier below the pool (host memory under a GPU pool, a file under a
     # CPU one) that keeps the prefix blocks the pool evicts; needs prefix caching
     kv_tier_blocks: int | None = None
+    # overlap scheduling: schedule and prepare the next step while this one's forward runs
+    # (inferlab.serving.overlap); the tokens are the same, the host time hides behind the forward
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.policy is None:  # a token budget alone means chunked prefill
@@ -99,6 +106,11 @@ class ServingConfig:
             raise ValueError("policy='chunked' needs token_budget: the tokens one step may run")
         if self.kv_tier_blocks is not None:
             positive_ints("ServingConfig.", kv_tier_blocks=self.kv_tier_blocks)
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"ServingConfig.overlap must be True or False, got {self.overlap!r}")
+        if self.overlap and self.kv_tier_blocks:
+            raise ValueError("overlap scheduling and a KV tier do not go together yet: the tier "
+                             "copies blocks on the host while a forward may still write them")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"ServingConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {self.kv_cache_dtype!r}")

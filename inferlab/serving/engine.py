@@ -10,7 +10,9 @@ place, over the model's parts, all reading one ``ServingConfig``:
   prefills, who decodes and who is preempted, and is the only code that changes a sequence;
 - the ``ModelRunner`` (``inferlab.serving.paged_attention``), which runs those decisions on
   the model over the pool and samples each row's next token;
-- a ``WallClock``.
+- a ``WallClock``;
+- with ``config.overlap``, one step of lookahead (``OverlapEngine``, ``inferlab.serving.overlap``):
+  each step is scheduled and prepared while the step before runs its forward passes.
 
 An offline run is one call: ``serve`` (or ``Engine.run``) serves a list of requests to the end
 and returns a ``Run``. The online engine (``inferlab.serving.online``) adds to one ``Engine``
@@ -34,6 +36,7 @@ from typing import Iterable
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.loop import StepLoop, WallClock
+from inferlab.serving.overlap import LookaheadLoop
 from inferlab.serving.paged_cache import POOL_MEMORY_FRACTION, BlockManager, pool_blocks_for
 from inferlab.serving.kv_tier import tier_for
 from inferlab.serving.paged_int8 import pool_for
@@ -77,6 +80,12 @@ class Engine(StepLoop):
     is free between runs.
     """
 
+    def __new__(cls, model, config: ServingConfig, *args, **kwargs):
+        """``config.overlap`` makes it an ``OverlapEngine``: the same parts, one step ahead."""
+        if config.overlap and cls is Engine:
+            cls = OverlapEngine
+        return super().__new__(cls)
+
     def __init__(self, model, config: ServingConfig, prefix_cache: bool = False, **hooks):
         if config.num_blocks is None:
             raise ValueError("Engine needs config.num_blocks; serve() sizes the pool for you")
@@ -110,6 +119,18 @@ class Engine(StepLoop):
             raise RuntimeError(f"{leaked} KV blocks are still allocated after every request "
                                "finished: the policy leaked blocks")
         return run
+
+
+class OverlapEngine(LookaheadLoop, Engine):
+    """An ``Engine`` whose loop schedules and prepares each step while the one before runs
+    (``inferlab.serving.overlap``); ``Engine(model, config)`` makes one when
+    ``config.overlap``."""
+
+    def run(self, requests: Iterable[Request]) -> Run:
+        try:
+            return super().run(requests)
+        finally:
+            self.close()  # the forward thread: a later run starts it again
 
 
 def serve(model, requests: Iterable[Request], config: ServingConfig | None = None) -> Run:

@@ -39,6 +39,11 @@ from inferlab.serving.run import Run, results_of
 from inferlab.serving.scheduler import Scheduler
 
 
+def failure(stage: str, error: BaseException) -> str:
+    """What ``on_failure`` hears when ``error`` was raised in ``stage``."""
+    return f"the engine failed while {stage}: {type(error).__name__}: {error}"
+
+
 class WallClock(Clock):
     """Seconds since the run started, measured, except that idle gaps can be skipped."""
 
@@ -163,29 +168,30 @@ class StepLoop:
         (a sequence already finished or taken out is left alone)."""
         if self.on_failure is None:
             raise error
-        why = f"the engine failed while {stage}: {type(error).__name__}: {error}"
         for seq in dict.fromkeys(seqs):  # once each, in order
             if seq.status is not Status.FINISHED:
                 self.scheduler.abort(seq)
-                self.on_failure(seq, why)
+                self.on_failure(seq, failure(stage, error))
+
+    def admit_arrivals(self, now: float) -> None:  # into the waiting queue; a failure alone
+        while self._pending and self._pending[0][0] <= now:
+            seq = heapq.heappop(self._pending)[2]
+            try:
+                self.scheduler.add(seq)
+            except Exception as error:
+                self.fail([seq], "admitting it", error)
 
     def step(self) -> list[Sequence]:
         """Let in the arrivals, run one scheduled step; return the sequences that finished."""
         now, sched = self.clock.now(), self.scheduler
-        while self._pending and self._pending[0][0] <= now:
-            seq = heapq.heappop(self._pending)[2]
-            try:
-                sched.add(seq)
-            except Exception as error:
-                self.fail([seq], "admitting it", error)
+        self.admit_arrivals(now)
         try:
             step = sched.schedule(now)
         except Exception as error:  # a policy may have half-changed any of these
             self.fail([*sched.running, *sched.waiting[:1]], "scheduling", error)
             return []
         if step.is_empty:
-            self._idle(step)
-            return []
+            return self._idle(step)
         kept, forwards = {}, []  # kept: id(seq) -> its token and when it came out
         for rows in step.forwards:
             t0 = self.clock.now()
@@ -195,8 +201,8 @@ class StepLoop:
                 self._drop(step, [r.seq for r in rows if r.seq not in step.padding], error)
                 continue
             t1 = self.clock.now()
-            forwards.append(Forward(tuple(Row(r.seq.seq_id, r.new, r.start, r.prefill)
-                                          for r in rows), t1 - t0))
+            # a row logs the span's (new, start, prefill)
+            forwards.append(Forward(tuple(Row(r.seq.seq_id, *r[1:4]) for r in rows), t1 - t0))
             for row, token in zip(rows, tokens):
                 if row.emits:
                     kept[id(row.seq)] = int(token), t1
@@ -213,11 +219,14 @@ class StepLoop:
             self.fail(step.scheduled, "recording the step's tokens", error)
             return []
 
-    def _idle(self, step) -> None:
+    def close(self) -> None:
+        """Release what the loop holds between runs (nothing here; a lookahead's worker)."""
+
+    def _idle(self, step) -> list[Sequence]:
         """Nothing to run: skip the clock to the next arrival, or to when the policy asked to be
-        woken (``step.wake_at_s``); a loop with neither is stuck."""
+        woken (``step.wake_at_s``); a loop with neither is stuck. Nothing finished: []."""
         if self.done:
-            return  # the policy retired the last sequences
+            return []  # the policy retired the last sequences
         wake = [t for t in (self._pending[0][0] if self._pending else None, step.wake_at_s)
                 if t is not None]
         if not wake:
@@ -225,6 +234,7 @@ class StepLoop:
                                "waiting, none admitted, nothing running and no arrival to "
                                "wait for")
         self.clock.skip_to(min(wake))
+        return []
 
     def _drop(self, step, seqs: list[Sequence], error: BaseException) -> None:
         """``seqs`` failed in a forward pass: take them out of the engine (``fail``) and of the

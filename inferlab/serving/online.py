@@ -228,6 +228,7 @@ class OnlineEngine:
                             and self.engine.done:  # (a static batch may hold finished members)
                         self._lock.wait()
                     if self._stop and not (self._inbox or self._aborts or self._live):
+                        self.engine.close()
                         return
                     inbox, self._inbox = self._inbox, []
                     aborts, self._aborts = self._aborts, []

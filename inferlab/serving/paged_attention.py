@@ -321,17 +321,22 @@ class ModelRunner(Runner):
                 seq.generator.initial_seed())
         return self._generators.get(seq, seq.generator)
 
-    @torch.inference_mode()
-    def forward(self, rows: list[Span]) -> list[int]:
-        """One forward pass over ``rows`` (one-token rows first): a token per row, sampled at
-        its last new token (drawn only where ``row.emits``)."""
+    def forward(self, rows: list[Span]) -> list[int]:  # the Runner protocol's one pass
+        return self.run(*self.inputs(rows))
+
+    def inputs(self, rows: list[Span]) -> tuple:
+        """``run``'s arguments for ``rows``, built on the host (overlap: during the step before)."""
         ids, positions, meta = prepare([r.seq.table for r in rows], [r.seq.token_slice(
             r.start, r.new) for r in rows], [r.start for r in rows], self.cache)
+        return ids, positions, meta, rows, torch.tensor(
+            [r.seq.request.temperature for r in rows]), [self.generator(r.seq) if r.emits else
+            None for r in rows], torch.tensor([r.seq.request.top_k for r in rows]), torch.tensor(
+            [r.seq.request.top_p for r in rows])
+
+    @torch.inference_mode()
+    def run(self, ids, positions, meta, rows, *sampling) -> list[int]:
+        """A token per row: the logits at each row's last token, sampled (drawn where it emits)."""
         logits = self.model(ids, positions, meta, logits_at=meta.last_index)[0]  # (rows, V)
         if any(r.seq.request.grammar is not None for r in rows):  # structured outputs
             logits = apply_grammars(rows, logits, self._matchers)
-        requests = [r.seq.request for r in rows]
-        return sample(logits, torch.tensor([q.temperature for q in requests], dtype=torch.float32),
-                      [self.generator(r.seq) if r.emits else None for r in rows],
-                      torch.tensor([q.top_k for q in requests], dtype=torch.int64),
-                      torch.tensor([q.top_p for q in requests], dtype=torch.float32))
+        return sample(logits, *sampling)

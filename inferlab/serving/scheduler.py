@@ -298,6 +298,15 @@ class Scheduler:
             self.waiting.remove(seq)
         self._leave(seq, Status.FINISHED)
 
+    def end(self, seq: Sequence) -> None:
+        """``seq`` turned out done after a later step was scheduled (a lookahead learns its
+        tokens a step late, ``inferlab.serving.overlap``): it leaves now, running or waiting,
+        unless its static batch holds it."""
+        if seq not in self._held:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self._leave(seq, Status.FINISHED)
+
     # -- a step: the policy's choice, checked and laid out; then its tokens recorded ---------
     def schedule(self, now: float = 0.0) -> Step:
         """The policy's next step, checked (``checks``) and laid out as passes (``Step.plan``)."""

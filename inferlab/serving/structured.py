@@ -129,15 +129,17 @@ class Matchers:
     def __init__(self):
         self._state = weakref.WeakKeyDictionary()  # seq -> [matcher, tokens fed]
 
-    def advance(self, seq):
-        """``seq``'s matcher, fed the tokens the sequence produced since it was last asked."""
+    def advance(self, seq, upto: int):
+        """``seq``'s matcher, fed its output tokens up to ``upto`` (those the row being masked
+        has as input: with overlap scheduling the output already ends with a placeholder for the
+        token this row is about to sample)."""
         state = self._state.get(seq)
         if state is None:
             state = self._state[seq] = [xgrammar().GrammarMatcher(seq.request.grammar), 0]
         matcher, fed = state
-        for token in seq.output[fed:]:
+        for token in seq.output[fed:upto]:
             matcher.accept_token(token)  # an end-of-sequence token after the end is refused
-        state[1] = len(seq.output)
+        state[1] = max(fed, upto)
         return matcher
 
 
@@ -151,7 +153,9 @@ def apply_grammars(rows, logits: torch.Tensor, matchers: Matchers) -> torch.Tens
     V = logits.shape[-1]
     bitmask = xgr.allocate_token_bitmask(len(rows), V)  # (rows, ceil(V/32)) int32, all allowed
     for i in keep:
-        matchers.advance(rows[i].seq).fill_next_token_bitmask(bitmask, i)
+        row = rows[i]  # its input ends at its newest token: the output before it is fed
+        matchers.advance(row.seq, row.start + row.new - len(row.seq.request.prompt)
+                         ).fill_next_token_bitmask(bitmask, i)
     if logits.dtype in (torch.float32, torch.bfloat16, torch.float16):
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=keep)
     else:  # XGrammar's kernels take 16- and 32-bit floats; unpack the bits for the others

@@ -8,7 +8,8 @@ Oracles that need no solution:
   request alone with the contiguous KV cache (``inferlab.course.checks.oracle``), preemptions
   included;
 - the metrics are compared with ``inferlab.serving.metrics`` and ``numpy.percentile``;
-- the prediction with ``inferlab.analysis.formulas.static_slot_utilisation``.
+- the predictions with ``inferlab.analysis.formulas.static_slot_utilisation`` and
+  ``inferlab.analysis.formulas.overlapped_step_s``.
 
 The model the checks run is the oracle's 2-layer ``tiny`` in float64 on the CPU, whatever the
 learner's device (``inferlab.course.checks.oracle`` says why).
@@ -33,7 +34,7 @@ from inferlab.serving.scheduler import Scheduler, SchedulingError
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
 # --weights file overrides them): more for the exercises that are more code.
-WEIGHTS = {"4.1": 2, "4.2": 3, "4.3a": 2, "4.3b": 1, "4.4": 1}
+WEIGHTS = {"4.1": 2, "4.2": 3, "4.3a": 2, "4.3b": 1, "4.4": 1, "4.5": 1}
 
 
 # -- the oracle's traces ----------------------------------------------------------
@@ -292,3 +293,29 @@ def static_slot_utilisation(fn):
 
     return run_check("4.4", "static_slot_utilisation", fn, formulas.static_slot_utilisation,
                      cases)
+
+
+def overlapped_step_s(fn):
+    """Exercise 4.5: seconds per step ``(without, with)`` one step of lookahead."""
+    pairs = [(2e-3, 17e-3), (4e-3, 60e-3), (5e-3, 1e-3), (3e-3, 3e-3), (0.0, 8e-3)]
+
+    def cases(f):
+        for host, device in pairs:
+            got = f(host, device)
+            if not isinstance(got, tuple) or len(got) != 2:
+                raise CheckFailed(f"overlapped_step_s({host}, {device}) returned {got!r}; "
+                                  "expected a tuple (without, with).")
+            want = formulas.overlapped_step_s(host, device)
+            call = f"overlapped_step_s(host={host * 1e3:g} ms, device={device * 1e3:g} ms)"
+            expect_close(f"{call}, without overlap", got[0], want[0], rel=1e-9, abs_tol=1e-15,
+                         unit=" s", hint="without overlap the host's work and the device's run "
+                         "one after the other: they add.")
+            hint = "with one step of lookahead each step's host work runs during the device's " \
+                   "work of the step before: the step takes the LONGER of the two."
+            if abs(float(got[1]) - min(host, device)) < 1e-15 and host != device:
+                hint = "the overlapped step is as long as the longer part, not the shorter."
+            expect_close(f"{call}, with overlap", got[1], want[1], rel=1e-9, abs_tol=1e-15,
+                         unit=" s", hint=hint)
+
+    return run_check("4.5", "overlapped_step_s", fn, formulas.overlapped_step_s, cases,
+                     success="the saving is the shorter part: min(host, device) a step.")
