@@ -132,3 +132,18 @@ def test_the_course_quantizer_reads_what_the_formula_says():
         qt = quant.quantize(w, bits=4, group_size=g)
         assert qt.bytes_per_weight == pytest.approx(
             f.quantized_bytes_per_weight(4, g, scale_bytes=qt.scale.element_size()))
+
+
+def test_a_whole_decode_step_cannot_pass_its_context_bound():
+    # Weights are read once for the batch, caches once per sequence: the step's intensity
+    # rises with the batch towards 2N / (n s_kv) + 2G/b and never past it.
+    cfg, ridge = ModelConfig.from_name("llama-3-8b"), 295.2
+    n_max = f.compute_bound_context(cfg, ridge)
+    assert 300 < n_max < 500            # Llama-3-8B, bf16, 128 KiB a token, G = 4
+    at = [f.decode_step_intensity(cfg, b, 2048) for b in (1, 16, 256, 10**6)]
+    assert at == sorted(at) and at[-1] < ridge / 4   # at 2,048 tokens, far below the ridge
+    assert f.decode_step_intensity(cfg, 10**9, round(n_max)) == pytest.approx(ridge, rel=1e-3)
+    # multi-head attention (G = 1) has the least room; more query heads per KV head, more
+    assert f.compute_bound_context(ModelConfig.from_name("llama-2-7b"), ridge) < n_max
+    # attention alone at the ridge: any context will do
+    assert f.compute_bound_context(cfg, 3.9) == math.inf

@@ -161,6 +161,42 @@ def critical_batch_size(peak_flops: float, bandwidth: float, bytes_per_weight: f
     return ridge_point(peak_flops, bandwidth) * bytes_per_weight / 2
 
 
+def decode_step_intensity(config: "ModelConfig", batch: int, context: int,
+                          dtype="bfloat16") -> float:
+    """Intensity (FLOP/byte) of a whole decode step: ``batch`` sequences with ``context`` cached
+    tokens each, counting the weights (read once for the batch) and every sequence's own cache.
+
+    FLOPs: ``batch`` x ``flops_per_token(config, context)``. Bytes: the weights of
+    ``decode_bytes_per_step`` plus ``batch`` x the cache held x its bytes per token. As the
+    batch grows the weights' share vanishes and the intensity tends to
+    ``flops_per_token / (held x s_kv)`` = 2N / (n s_kv) + 2G / b: the batch cannot raise it
+    past that, however large (``compute_bound_context``).
+    """
+    positive(batch=batch)
+    held = kv_tokens_held(config, context)
+    flops = batch * flops_per_token(config, context)
+    nbytes = decode_bytes_per_step(config, dtype) + batch * held * kv_bytes_per_token(config, dtype)
+    return flops / nbytes
+
+
+def compute_bound_context(config: "ModelConfig", ridge: float, dtype="bfloat16") -> float:
+    """The longest context (tokens per sequence) at which some batch can bring a decode step to
+    the ridge point ``ridge``; past it the step stays memory-bound at any batch size.
+
+    Per sequence a step does 2N + a n FLOPs (N the matmul parameters, a the attention FLOPs
+    per cached token) and reads n s_kv bytes of its own cache, so the step's intensity tends
+    to 2N / (n s_kv) + a / s_kv as the batch grows; a / s_kv = 2G/b is attention's own
+    intensity. Setting that limit equal to the ridge gives n = 2N / ((ridge - a / s_kv) s_kv).
+    Returns infinity when attention alone reaches the ridge. Ignores a sliding window.
+    """
+    positive(ridge=ridge)
+    s_kv = kv_bytes_per_token(config, dtype)
+    per_cached = 4 * config.n_layers * config.n_heads * config.head_dim  # a: QK^T and PV
+    dense = flops_per_token(config, 0)                                   # 2N
+    gap = ridge - per_cached / s_kv
+    return float("inf") if gap <= 0 else dense / (gap * s_kv)
+
+
 def decode_time_floor(bytes_per_token: float, bandwidth: float) -> float:
     """Least time to produce one token when each token must read ``bytes_per_token``: bytes / bandwidth."""
     positive(bytes_per_token=bytes_per_token, bandwidth=bandwidth)
