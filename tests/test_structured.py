@@ -207,6 +207,7 @@ def test_the_mask_keeps_exactly_the_allowed_tokens_and_lifts_minus_infinity(gram
     for seq, emits in ((Seq(), True), (Free(), True), (Seq(), False)):
         r = Row()
         r.seq, r.emits = seq, emits
+        r.start, r.new = 0, 1  # the prompt's one token: nothing generated yet
         rows.append(r)
     V = model.config.vocab_size
     logits = torch.randn(3, V)

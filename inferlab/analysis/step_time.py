@@ -78,7 +78,7 @@ PRECISIONS = {p.name: p for p in (
     Precision("fp16", 2, 2, "float16", "weights, KV cache and arithmetic in float16"),
     Precision("int8 weights", 1, 2, "bfloat16", "weight-only int8 (W8A16); KV cache in bfloat16"),
     Precision("int4 weights", 0.5, 2, "bfloat16",
-              "weight-only int4 (W4A16), the codes alone (no scales); KV cache in bfloat16"),
+              "weight-only int4 (W4A16); KV cache in bfloat16"),  # the codes alone, no scales
     # The same format as served (GPTQ, AWQ, Marlin): a 16-bit scale per group of 128 weights,
     # 4.125 bits a weight, as Chapter 5 prices its decode floors (formulas.quantized_bytes_per_weight).
     Precision("int4 weights g128", formulas.quantized_bytes_per_weight(4, 128), 2, "bfloat16",
