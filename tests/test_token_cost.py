@@ -223,7 +223,8 @@ def test_two_capacities_within_the_searchs_resolution_are_indistinguishable():
 def test_what_held_each_batch_is_read_from_the_searchs_own_verdicts(stored):
     """Every rate tried above a capacity was a miss or undecided (the search is consistent),
     and each reason matches the numbers it was read from: a cap at the cap, the device's time
-    only where the next rate fell behind, the SLO only where it kept up."""
+    only where the next rate fell behind or its queue grew, the SLO only where it kept up and
+    its longest trace missed, "cannot tell" only where that trace still met the target."""
     for case in tc.chapter_cases():
         cap = stored[tc.case_key(case)].capacity
         limit = case.limit(cap)
@@ -232,10 +233,13 @@ def test_what_held_each_batch_is_read_from_the_searchs_own_verdicts(stored):
         above = min((p for p in cap.probes if p.rate > cap.rate), key=lambda p: p.rate)
         if limit.reason == "max batch":
             assert limit.mean_batch >= cost_limits.AT_CAP * case.max_batch, case
-        elif limit.reason in ("prefill compute", "decode steps"):
-            assert above.status == OVERLOADED or above.window.saturated, case
+        elif limit.reason == "device time":
+            a, b = above.history[-2:]
+            assert (above.status == OVERLOADED or above.window.saturated
+                    or cap.criterion.queue_growing(a, b)), case
         elif limit.reason in ("TTFT bound", "TPOT bound"):
             assert limit.slo_binds and not above.window.saturated, case
-            assert cap.verdict(above) == MISSES, case
+            assert above.window.slo_attainment < cap.target, case  # its longest trace missed
         elif limit.reason == "cannot tell":
             assert cap.verdict(above) == UNDECIDED, case
+            assert above.window.slo_attainment >= cap.target, case

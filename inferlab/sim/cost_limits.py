@@ -9,19 +9,21 @@ general story:
 - **KV memory**: the mean batch is at the number of requests the cache's blocks can hold;
 - otherwise the rate is what stops the batch from growing (Little's law: batch = rate x time
   each request decodes), and the search's first rate above the capacity says why that rate
-  could not rise, by the search's own ``verdict`` on it (``inferlab.sim.steady_state``):
+  could not rise, from its longest trace (``inferlab.sim.steady_state``):
 
-  - it *missed* because the server fell behind (overloaded, or its longest window served less
-    than was offered): the device's time ran out, and the share of it spent on prompts says
-    whether **prefill compute** (half or more of the busy time on prefills or prefill chunks)
-    or the **decode steps** took it;
-  - it *missed* while the server kept up: the bound it missed (p95 beyond the bound) says
-    **TTFT** or **TPOT**;
-  - the windows **cannot tell** (the search grew its trace and still could not decide, and
-    counted it as a miss): the capacity is then known only to the search's resolution, and
-    nothing here says what would have held the batch at the next rate.
+  - it fell behind (overloaded, its longest window served less than was offered, or a queue
+    built up between its two longest traces: the wait for the first token grew past the
+    criterion's tolerance): the **device's time** ran out. Which phase took most of it depends
+    on how a shared step's time is split (``inferlab.analysis.cost_split``: by tokens or by
+    kernel time), so the verdict names neither; ``prefill_share`` keeps the token split's;
+  - it kept up and its longest trace missed the target: the bound it missed (p95 beyond the
+    bound) says **TTFT** or **TPOT**. The search may have counted such a rate "undecided"
+    (met at the shorter trace, missed at the longer) and so as a miss; what held it is read
+    all the same, from the evidence of the longest trace;
+  - its longest trace still met the target (the search could not decide, and counted it as a
+    miss): the search **cannot tell** what would have held the batch at the next rate.
 
-The thresholds (90% of a cap, half of the busy time, the p95) are OUR choice of what counts as
+The thresholds (90% of a cap, the p95) are OUR choice of what counts as
 "at" a limit; ``BatchLimit`` keeps the numbers, so a reader can judge. ``slo_binds`` says
 whether the SLO itself is what the search found, rather than the server's throughput or a cap.
 """
@@ -33,9 +35,7 @@ from dataclasses import dataclass
 from inferlab.sim.steady_state import OVERLOADED, MISSES, UNDECIDED, SLOCapacity, Window
 
 AT_CAP = 0.9           # a mean batch this close to a cap counts as held there
-PREFILL_MAJORITY = 0.5
-REASONS = ("max batch", "KV memory", "prefill compute", "decode steps", "TTFT bound",
-           "TPOT bound", "cannot tell")
+REASONS = ("max batch", "KV memory", "device time", "TTFT bound", "TPOT bound", "cannot tell")
 
 
 @dataclass(frozen=True)
@@ -80,15 +80,17 @@ def batch_limit(capacity: SLOCapacity, max_batch: int, fits: int, ttft_s: float,
                 next_status=nxt.status if nxt else "", next_verdict=said)
     if w.mean_batch >= AT_CAP * min(max_batch, fits):
         return BatchLimit("max batch" if max_batch <= fits else "KV memory", **info)
-    if nxt is None or said == UNDECIDED:
+    if nxt is None:
         return BatchLimit("cannot tell", **info)
-    if said != MISSES:
+    if said not in (MISSES, UNDECIDED):
         raise ValueError(f"the search's next rate {nxt.rate} above its capacity {capacity.rate} "
                          f"was not a miss but {said!r}")
-    missed = nxt.window
-    if nxt.status == OVERLOADED or missed.saturated:
-        return BatchLimit("prefill compute" if share >= PREFILL_MAJORITY else "decode steps",
-                          **info)
+    missed, history = nxt.window, nxt.history
+    queue = len(history) >= 2 and capacity.criterion.queue_growing(history[-2], history[-1])
+    if nxt.status == OVERLOADED or missed.saturated or queue:
+        return BatchLimit("device time", **info)
+    if said == UNDECIDED and missed.slo_attainment >= capacity.target:
+        return BatchLimit("cannot tell", **info)
     ttft_over = missed.ttft.p95 / ttft_s
     tpot_over = missed.tpot.p95 / tpot_s
     return BatchLimit("TTFT bound" if ttft_over >= tpot_over else "TPOT bound", **info)
