@@ -1,6 +1,7 @@
 """The chips of 2026 and their prices: sourced rows, cost per token by precision, reasoning
 output as a cost driver, owning against renting."""
 
+import dataclasses
 import math
 
 import pytest
@@ -131,8 +132,10 @@ def test_an_api_request_costs_what_its_row_says():
     gemini = rows["Google"]
     with pytest.raises(ValueError, match="cached-input"):
         cc.api_request_usd(gemini, 1_000, 100, cached_share=0.5)
+    # a row that publishes no batch discount cannot price a batch request
     with pytest.raises(ValueError, match="batch"):
-        cc.api_request_usd(gemini, 1_000, 100, batch=True)
+        cc.api_request_usd(dataclasses.replace(gemini, batch_discount=None), 1_000, 100,
+                           batch=True)
 
 
 def test_a_long_reasoning_output_makes_each_self_hosted_token_dearer():

@@ -205,7 +205,8 @@ def test_the_study_runs_its_parts_at_toy_sizes(monkeypatch):
     assert f["lost"] >= 0 and set(f) >= {"no failure", "recompute", "retransfer", "cpu_s"}
     link = study._link(("1P1D", row["rate"], study.LINK))  # the search's own steady state,
     answer = row["capacity"]["state"]["history"]               # grown to the longest trace
-    assert link["state"]["history"][:len(answer)] == answer
+    common = min(len(answer), len(link["state"]["history"]))   # (the search may have grown an
+    assert common >= 2 and link["state"]["history"][:common] == answer[:common]  # undecided one)
     assert link["state"]["history"][-1]["n_requests"] == SMALL_SEARCH["n_max"]
     if len(link["state"]["history"]) == len(answer):
         assert link["work"] == row["work"]

@@ -197,11 +197,13 @@ def test_logits_match_transformers_when_it_is_installed(tmp_path, family):
     assert torch.equal(generate(ours, tokens, 8), generate_without_cache(ours, tokens, 8))
 
 
-def test_tokenizer_through_transformers_when_it_is_installed(tmp_path):
+def test_a_tokenizer_json_is_read_with_tokenizers_even_where_transformers_is_installed(tmp_path):
+    """Installing transformers (XGrammar brings it) changes no tokenization: a checkpoint with a
+    tokenizer.json is read with tokenizers either way."""
     pytest.importorskip("transformers")
     _write_word_tokenizer(tmp_path, 50)
     tokenizer = load_tokenizer(tmp_path)
-    assert tokenizer.source == "transformers" and tokenizer.eos_token_id == 0
+    assert tokenizer.source == "tokenizers" and tokenizer.eos_token_id == 0
     ids = tokenizer.encode("w1 w2 w3")
     assert ids == [3, 4, 5] and tokenizer.decode(ids).split() == ["w1", "w2", "w3"]
 
