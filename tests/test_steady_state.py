@@ -75,7 +75,7 @@ def test_a_warm_up_shortfall_that_wears_down_is_not_an_overload():
     p = Percentiles(1.0, 1.0, 1.0, 1.0)
     def window(n, offered, achieved, p99, ttft=0.1):
         return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved,
-                         Percentiles(ttft, ttft, ttft, ttft), p,
+                         Percentiles(ttft, ttft, ttft, ttft), p, p,
                          Percentiles(1.0, 1.0, 1.0, p99), math.nan, math.nan, 1.0, 0.0, 1.0, 0)
     c = ss.Criterion()
     ramp = (window(800, 100, 90, 2.0), window(1600, 100, 95.5, 2.5))  # shortfall 10% -> 4.5%
@@ -152,7 +152,7 @@ def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
 def _window(n, attainment, achieved=100.0, p99=2.0, offered=100.0, ttft=0.1):
     p = Percentiles(1.0, 1.0, 1.0, 1.0)
     return ss.Window(n, n, 1.0, 1.0, 1.0, offered, 1.0, 1.0, achieved,
-                     Percentiles(ttft, ttft, ttft, ttft), p,
+                     Percentiles(ttft, ttft, ttft, ttft), p, p,
                      Percentiles(1.0, 1.0, 1.0, p99), attainment, math.nan, 1.0, 0.0, 1.0, 0)
 
 

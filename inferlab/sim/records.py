@@ -14,7 +14,7 @@ def window_to_dict(w: Window) -> dict:
 
 
 def window_from_dict(d: dict) -> Window:
-    return Window(**{k: Percentiles(**v) if k in ("ttft", "tpot", "latency") else v
+    return Window(**{k: Percentiles(**v) if k in ("ttft", "tpot", "gap", "latency") else v
                      for k, v in d.items()})
 
 

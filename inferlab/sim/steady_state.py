@@ -25,11 +25,11 @@ part in between, and keeps making the trace longer until the measurement stops m
   to their last token.
 - ``steady_state``: ``measure`` at n, 2n, 4n, ... requests until two successive lengths agree
   (``Criterion``: both of at least 800 requests; achieved over offered output tokens/s within
-  3%, p50 and p99 end-to-end latency within 5% and 10%, the time to first token not growing
-  past those tolerances, SLO attainment within 0.02, and neither falling behind), or until the
+  3%, p50 and p99 end-to-end latency within 5% and 10%, the waits for the first token and
+  from the first token to the second not growing past those tolerances, SLO attainment within 0.02, and neither falling behind), or until the
   server is shown to be *overloaded*: achieved more than 5% below offered at two successive
   lengths, by a shortfall the longer trace does not wear down at all, while the p99 latency
-  and the time to first token keep growing with the trace, or until ``n_max`` (*not
+  and one of those two waits keep growing with the trace, or until ``n_max`` (*not
   converged*). Every length's window is kept, as the evidence. (A warm-up's shortfall shrinks
   as the trace doubles; a rule that let it shrink by a quarter called a server overloaded
   while its batches were still filling.)
@@ -49,13 +49,16 @@ to five times below the rate where the SLO binds. So ``verdict`` reads what the 
 
 - *meets*: established with ``target`` met; or, not established, ``target`` met at the two
   longest lengths, the longest carrying the load (achieved within the throughput tolerance of
-  offered), and no sign of a queue building up between them: the p99 latency and the time to
-  first token (median and p99) not growing past their tolerances, the attainment not falling
+  offered), and no sign of a queue building up between them: the p99 latency, the time to
+  first token and the wait from the first token to the second (medians and p99s) not growing
+  past their tolerances, the attainment not falling
   by more than ``attainment_drift``. What failed to settle then is a number the SLO does not
   depend on. (A rate a little above what the server can sustain keeps up within a few per
   cent and meets the SLO on any one trace; its queue, and so its time to first token, grows
   with the trace. Judged on the end-to-end p99 alone, which is mostly decode steps, such a
-  rate passed with its TTFT doubling from one length to the next.)
+  rate passed with its TTFT doubling from one length to the next. Judged on the TTFT as well,
+  a split whose decode pool fell behind still passed: its prefill instances answer at once,
+  and the queue is between a request's first token and its second.)
 - *misses*: established or overloaded with ``target`` missed; or ``target`` missed at the two
   longest lengths (a longer trace only adds queueing, so it cannot rescue a rate that misses).
 - *cannot tell*: anything else (attainment crossing the target between the two lengths, or the
@@ -110,6 +113,8 @@ class Window:
     achieved_out_tok_s: float     # output tokens produced inside the window
     ttft: Percentiles             # of the requests that arrived in the window
     tpot: Percentiles
+    gap: Percentiles              # first token to second: in a split, the hand-off and the
+                                  # wait for a place in the decode pool
     latency: Percentiles
     slo_attainment: float         # share of window arrivals within the SLO (NaN without one)
     goodput_req_s: float          # window arrivals within the SLO, per second (the in-SLO rate
@@ -184,6 +189,8 @@ def window(requests: list[Request], run: Run, slo: SLO | None = None, warmup: fl
         achieved_req_s=finished / duration, achieved_in_tok_s=first_in / duration,
         achieved_out_tok_s=out_tokens / duration,
         ttft=Percentiles.of(t.ttft for t in timings), tpot=Percentiles.of(t.tpot for t in timings),
+        gap=Percentiles.of(t.token_times_s[1] - t.token_times_s[0] for t in timings
+                           if len(t.token_times_s) > 1),
         latency=Percentiles.of(t.latency for t in timings),
         slo_attainment=met / len(arrived) if slo is not None else math.nan,
         goodput_req_s=met / duration if slo is not None else math.nan,
@@ -211,6 +218,8 @@ class Criterion:
     attainment_drift: float = 0.01  # a verdict without a steady state: attainment may fall
                                     # by this much between the two longest traces (about two
                                     # standard errors of a 98% share over 1,000 requests)
+    wait_p50_rtol: float = 0.05     # the waits for the first token and for the second
+    wait_p99_rtol: float = 0.10     # (``queue_growing``): median and p99
 
     def agree(self, a: Window, b: Window) -> bool:
         """Both long enough, neither falling behind, and every tracked number within bounds."""
@@ -227,12 +236,15 @@ class Criterion:
         return ok
 
     def queue_growing(self, a: Window, b: Window) -> bool:
-        """The longer trace's requests waited longer for their first token: its median or its
-        p99 time to first token grew past the tolerance. A queue that builds up shows here
-        first (a request waits before its prefill); the end-to-end latency, mostly decode
-        steps, can hide a doubling of it."""
-        return (b.ttft.p50 > (1 + self.p50_rtol) * a.ttft.p50
-                or b.ttft.p99 > (1 + self.p99_rtol) * a.ttft.p99)
+        """The longer trace's requests waited longer for their first token, or between their
+        first and second: the median or the p99 of either grew past the tolerance. A queue in
+        front of the prefill shows in the first (a request waits before it starts); a queue in
+        front of a split's decode pool only in the second (the prefill instance answers at
+        once, and the request then waits for a place to decode). The end-to-end latency,
+        mostly decode steps, can hide a doubling of either."""
+        grew = lambda x, y: (y.p50 > (1 + self.wait_p50_rtol) * x.p50  # noqa: E731
+                             or y.p99 > (1 + self.wait_p99_rtol) * x.p99)
+        return grew(a.ttft, b.ttft) or grew(a.gap, b.gap)
 
     def overloaded(self, a: Window, b: Window) -> bool:
         """Both long enough and falling behind, by a shortfall the longer trace does not wear

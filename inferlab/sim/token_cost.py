@@ -70,7 +70,8 @@ from inferlab.sim.workloads import Workload
 
 # The search the stored cases use. Capacity is decided by SLO attainment, which converges well
 # before a p99 latency does near saturation, so the p99 may move by 20% between lengths.
-SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2), rtol=0.05)
+SEARCH = dict(n0=400, n_max=3200, criterion=Criterion(p99_rtol=0.2, wait_p99_rtol=0.2),
+              rtol=0.05)
 
 
 def compare_rates(a: float, b: float, rtol: float = SEARCH["rtol"]) -> str:

@@ -77,7 +77,7 @@ def _window(prefill_s, decode_s, duration, in_tok_s, out_tok_s) -> Window:
     p = Percentiles(1.0, 1.0, 1.0, 1.0)
     return Window(n_requests=1000, window_requests=700, duration_s=duration, offered_req_s=20.0,
                   offered_in_tok_s=in_tok_s, offered_out_tok_s=out_tok_s, achieved_req_s=20.0,
-                  achieved_in_tok_s=in_tok_s, achieved_out_tok_s=out_tok_s, ttft=p, tpot=p,
+                  achieved_in_tok_s=in_tok_s, achieved_out_tok_s=out_tok_s, ttft=p, tpot=p, gap=p,
                   latency=p, slo_attainment=1.0, goodput_req_s=20.0, mean_batch=50.0,
                   prefill_s=prefill_s, decode_s=decode_s, preemptions=0)
 
