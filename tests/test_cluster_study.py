@@ -113,3 +113,13 @@ def test_the_stored_counts_are_those_of_the_stored_run(stored):
 
     again = cs.counts(simulate_cluster(requests, cs.setup(gpus=2)["1P1D"]), requests)
     assert again == entry["work"], RERUN
+
+
+def test_every_answer_was_measured_again_on_the_long_trace(stored):
+    """The check outside the search (``CONFIRM``): one window per answer, at the stored
+    length and rate, longer than any trace its search decided on."""
+    n = stored["inputs"]["confirm"]
+    for row in stored["goodput"]:
+        state, again = row["capacity"].state, row["confirm"]
+        assert again.n_requests == n > state.window.n_requests, (row["kind"], row["design"])
+        assert again.offered_req_s == pytest.approx(state.rate, rel=0.1)
