@@ -163,3 +163,38 @@ def test_a_failing_forward_ends_the_same_requests_with_and_without_overlap(model
     assert 3 in dict(failed) and "injected" in dict(failed)[3] and tokens[3] == []
     assert sorted([*dict(failed), *finished]) == list(range(6))
     assert free == CONFIGS[name].num_blocks
+
+
+def drive_failing_schedule(model, config, reqs):
+    """Serve ``reqs`` step by step with ``on_failure`` set, the policy raising once, at the
+    first admission (the first request is blamed, the others still wait and nothing is due to
+    arrive): the failed requests, each request's tokens, the blocks left free."""
+    failed, fired = [], []
+    eng = Engine(model, config, on_failure=lambda seq, why: failed.append(seq.seq_id))
+    real = eng.scheduler.admit
+
+    def admit(seq):
+        if not fired:
+            fired.append(seq.seq_id)
+            raise RuntimeError("injected")
+        return real(seq)
+    eng.scheduler.admit = admit
+    for i, r in enumerate(reqs):
+        eng.submit(Sequence(i, r))
+    finished = []
+    while not eng.done:
+        finished += eng.step()
+    eng.close()
+    return failed, {s.seq_id: list(s.output) for s in finished}, eng.cache.memory.num_free
+
+
+@pytest.mark.parametrize("name", ["continuous", "chunked"])
+def test_a_failing_schedule_ends_the_same_requests_with_and_without_overlap(model, name):
+    """The lookahead asks the policy again after a failed schedule, as the plain loop does
+    (it used to find itself stuck with requests waiting and none due)."""
+    reqs = requests(4, max_new=6)
+    plain = drive_failing_schedule(model, CONFIGS[name], reqs)
+    ahead = drive_failing_schedule(model, CONFIGS[name].replace(overlap=True), reqs)
+    assert ahead == plain
+    failed, tokens, free = ahead
+    assert failed == [0] and sorted(tokens) == [1, 2, 3] and free == CONFIGS[name].num_blocks

@@ -36,7 +36,7 @@ from inferlab.serving.interfaces import Clock, Runner
 from inferlab.serving.iteration import Forward, Iteration, Row
 from inferlab.serving.request import Request, Sequence, Status
 from inferlab.serving.run import Run, results_of
-from inferlab.serving.scheduler import Scheduler
+from inferlab.serving.scheduler import Scheduler, Step
 
 
 def failure(stage: str, error: BaseException) -> str:
@@ -173,23 +173,25 @@ class StepLoop:
                 self.scheduler.abort(seq)
                 self.on_failure(seq, failure(stage, error))
 
-    def admit_arrivals(self, now: float) -> None:  # into the waiting queue; a failure alone
+    def next_step(self, now: float) -> Step:
+        """Let the arrivals due by ``now`` into the waiting queue and ask the scheduler for the
+        next step, containing a failure as the class says (a failed schedule: an empty step)."""
         while self._pending and self._pending[0][0] <= now:
             seq = heapq.heappop(self._pending)[2]
             try:
                 self.scheduler.add(seq)
             except Exception as error:
                 self.fail([seq], "admitting it", error)
+        try:
+            return self.scheduler.schedule(now)
+        except Exception as error:  # a policy may have half-changed any of these
+            self.fail([*self.scheduler.running, *self.scheduler.waiting[:1]], "scheduling", error)
+            return Step(wake_at_s=now)  # woken at once: the next step asks again
 
     def step(self) -> list[Sequence]:
         """Let in the arrivals, run one scheduled step; return the sequences that finished."""
         now, sched = self.clock.now(), self.scheduler
-        self.admit_arrivals(now)
-        try:
-            step = sched.schedule(now)
-        except Exception as error:  # a policy may have half-changed any of these
-            self.fail([*sched.running, *sched.waiting[:1]], "scheduling", error)
-            return []
+        step = self.next_step(now)
         if step.is_empty:
             return self._idle(step)
         kept, forwards = {}, []  # kept: id(seq) -> its token and when it came out
@@ -224,7 +226,8 @@ class StepLoop:
 
     def _idle(self, step) -> list[Sequence]:
         """Nothing to run: skip the clock to the next arrival, or to when the policy asked to be
-        woken (``step.wake_at_s``); a loop with neither is stuck. Nothing finished: []."""
+        woken (``step.wake_at_s``; now, after a failed schedule); a loop with neither is stuck.
+        Nothing finished: []."""
         if self.done:
             return []  # the policy retired the last sequences
         wake = [t for t in (self._pending[0][0] if self._pending else None, step.wake_at_s)

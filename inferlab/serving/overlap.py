@@ -84,13 +84,8 @@ class LookaheadLoop(StepLoop):
     def step(self) -> list[Sequence]:
         """Let in the arrivals and schedule the next step while the current one runs; collect
         the current one's tokens, launch the next; return the sequences that finished."""
-        now, sched = self.clock.now(), self.scheduler
-        self.admit_arrivals(now)
-        try:
-            nxt = sched.schedule(now)
-        except Exception as error:  # a policy may have half-changed any of these
-            self.fail([*sched.running, *sched.waiting[:1]], "scheduling", error)
-            nxt = Step()
+        now = self.clock.now()
+        nxt = self.next_step(now)
         inputs, landing = self._inputs(nxt), self.flight is not None
         finished = self._land() if landing else []
         if self._settle(nxt):

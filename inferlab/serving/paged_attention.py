@@ -158,7 +158,7 @@ def prepare(tables: list, tokens: list[list[int]], starts: list[int], pool):
                              f"holds {table.num_tokens} slots; append to the table first")
     d = next((b for b, n in enumerate(lens) if n != 1), len(lens))  # leading one-token rows
     positions = [range(s, s + n) for s, n in zip(starts, lens)]
-    width = [pool.memory.blocks_for(s + n) for s, n in zip(starts, lens)]  # blocks it reads
+    width = [(s + n - 1) // S + 1 for s, n in zip(starts, lens)]  # blocks up to its last token's
     wd, cached = max(width[:d], default=0), [b for b in range(d, len(lens)) if starts[b] > 0]
     ends = [e - 1 for e in itertools.accumulate(lens)]  # each row's last token in the row
     ids, pos, blocks, offsets, last, decode_tables, context, *seg_tables = to_device([
