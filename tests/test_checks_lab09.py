@@ -3,8 +3,11 @@ fails a planted bug with a message that names the call and gives a hint."""
 
 import statistics
 
-from check_contract import contract
+import torch
+
+from check_contract import contract, hints
 from inferlab.course.checks import lab09
+from inferlab.model.constrained import allowed_tokens
 from inferlab.serving.prefix_cache import block_hashes
 
 
@@ -32,6 +35,46 @@ def accuracy(t, s, h, m, centre=statistics.median, invert=False, count=False):
     return right if count else right / len(s)
 
 
+def mask(pattern, pieces, text, eos, test=None, eos_rule=None, skip_empty=True):
+    """The mask, with one rule changed: ``test(pattern, text, piece)`` for a token, ``eos_rule``
+    for end-of-sequence, ``skip_empty`` for tokens with no text."""
+    test = test or (lambda p, t, piece: p.fullmatch(t + piece, partial=True) is not None)
+    ok = torch.zeros(len(pieces), dtype=torch.bool)
+    for i, piece in enumerate(pieces):
+        if i != eos and (piece or not skip_empty) and test(pattern, text, piece):
+            ok[i] = True
+    ok[eos] = (eos_rule or (lambda p, t: p.fullmatch(t) is not None))(pattern, text)
+    return ok
+
+
+def eos_always(p, s, t, e):
+    return mask(p, s, t, e, eos_rule=lambda p, t: True)
+
+
+def eos_never(p, s, t, e):
+    return mask(p, s, t, e, eos_rule=lambda p, t: False)
+
+
+def empty_allowed(p, s, t, e):
+    return mask(p, s, t, e, skip_empty=False)
+
+
+def whole_matches_only(p, s, t, e):
+    return mask(p, s, t, e, test=lambda p, t, piece: p.fullmatch(t + piece) is not None)
+
+
+def piece_alone(p, s, t, e):
+    return mask(p, s, t, e, test=lambda p, t, piece: p.fullmatch(piece, partial=True) is not None)
+
+
+def match_not_fullmatch(p, s, t, e):
+    return mask(p, s, t, e, test=lambda p, t, piece: p.match(t + piece, partial=True) is not None)
+
+
+def a_list(p, s, t, e):
+    return allowed_tokens(p, s, t, e).tolist()
+
+
 CASES = {
     "stream_timing": (timing, [
         lambda s, t: timing(s, t, first=lambda t: 0.0 if s == 0 else t[0] - 0.01),  # not from sent
@@ -51,6 +94,9 @@ CASES = {
         lambda t, s, h, m: accuracy(t, s, h, m, invert=True),
         lambda t, s, h, m: accuracy(t, s, h, m, count=True),
     ]),
+    "allowed_tokens": (allowed_tokens, [eos_always, eos_never, empty_allowed,
+                                        whole_matches_only, piece_alone, match_not_fullmatch,
+                                        a_list]),
 }
 
 
@@ -58,3 +104,13 @@ CASES = {
  test_planted_bug_fails_with_an_actionable_message,
  test_planted_bug_in_a_notebook_reports_and_lends_the_reference) = contract(
     lab09, CASES, 9)
+
+test_specific_hints = hints(lab09, CASES, [
+    (eos_always, "FULL match"), (eos_never, "FULL match"), (empty_allowed, "adds no text"),
+    (whole_matches_only, "partial=True"), (piece_alone, "WITH the token appended"),
+    (match_not_fullmatch, "fullmatch, not match"), (a_list, "bool tensor of shape")])
+
+
+def test_the_engine_s_course_mask_is_the_reference_the_check_lends():
+    from check_contract import stub
+    assert lab09.allowed_tokens(stub) is allowed_tokens

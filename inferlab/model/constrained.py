@@ -6,9 +6,10 @@ tokens that would take the text off the pattern get a logit of minus infinity, s
 can only choose among the rest, and the end-of-sequence token is allowed only once the text is
 a complete match. The model is unchanged; only its choices are restricted.
 
-``RegexConstraint`` is the direct version: for the text so far, it tries every vocabulary
-token's string and keeps those after which the text is still a *prefix* of some match (the
-``regex`` package's ``partial=True``). That is a Python loop over the vocabulary at every step,
+``allowed_tokens`` is the direct version (Lab 9's Exercise 9.4), and ``RegexConstraint`` holds it
+for one pattern and vocabulary: for the text so far, it tries every vocabulary token's string
+and keeps those after which the text is still a *prefix* of some match (the ``regex`` package's
+``partial=True``). That is a Python loop over the vocabulary at every step,
 which is what makes it a lesson: its cost per step grows with the vocabulary (1,024 tokens
 here, 100,000 or more in real models), and production backends (XGrammar, llguidance) exist to
 remove it, by compiling the pattern into an automaton and precomputing, per automaton state,
@@ -31,6 +32,23 @@ from inferlab.model.generate import decode_one_token, prefill
 from inferlab.model.kv_cache import KVCache
 
 
+def allowed_tokens(pattern, pieces: list[str], text: str, eos_token_id: int | None
+                   ) -> torch.Tensor:
+    """A (V,) bool mask over the ``pieces`` (token i's string is ``pieces[i]``): True for each
+    token after which ``text`` is still a prefix of some full match of ``pattern`` (a compiled
+    ``regex`` pattern), and for the end-of-sequence token only once ``text`` is a full match.
+    A token that adds no text (a special token) is never allowed: it would let the model
+    spend its budget without moving."""
+    ok = torch.zeros(len(pieces), dtype=torch.bool)
+    for i, piece in enumerate(pieces):
+        if i != eos_token_id and piece and \
+                pattern.fullmatch(text + piece, partial=True) is not None:
+            ok[i] = True
+    if eos_token_id is not None and pattern.fullmatch(text) is not None:
+        ok[eos_token_id] = True
+    return ok
+
+
 class RegexConstraint:
     """The tokens allowed after a text, for outputs that must fully match ``pattern``."""
 
@@ -46,14 +64,7 @@ class RegexConstraint:
 
     def allowed(self, text: str) -> torch.Tensor:
         """A (V,) bool mask: True for the tokens after which ``text`` can still match."""
-        ok = torch.zeros(len(self.pieces), dtype=torch.bool)
-        for i, piece in enumerate(self.pieces):
-            if i != self.eos and piece and \
-                    self.pattern.fullmatch(text + piece, partial=True) is not None:
-                ok[i] = True
-        if self.eos is not None and self.complete(text):
-            ok[self.eos] = True
-        return ok
+        return allowed_tokens(self.pattern, self.pieces, text, self.eos)
 
 
 @torch.inference_mode()
@@ -64,8 +75,10 @@ def constrained_generate(model, prompt: list[int], constraint: RegexConstraint |
     the seconds of each step's mask and forward pass."""
     tokens = torch.tensor([prompt], device=model.device)
     cache = KVCache.for_model(model, 1, max_len=len(prompt) + max_new_tokens)
+    sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)  # a kernel ends later
     t = time.perf_counter()
     logits = prefill(model, tokens, cache)[0]
+    sync()
     forward_s, mask_s, out, text = [time.perf_counter() - t], [], [], ""
     for _ in range(max_new_tokens):
         if constraint is not None:
@@ -85,6 +98,7 @@ def constrained_generate(model, prompt: list[int], constraint: RegexConstraint |
             break  # a full match that no token can extend: done
         t = time.perf_counter()
         logits = decode_one_token(model, torch.tensor([token], device=model.device), cache)[0]
+        sync()
         forward_s.append(time.perf_counter() - t)
     return {"tokens": out, "text": text,
             "matches": constraint.complete(text) if constraint is not None else None,

@@ -8,7 +8,12 @@ Oracles that need no solution:
   under one salt, chained (a change in block 0 changes every later hash), and disjoint across
   salts, which is what keeps one tenant's cached blocks out of another's reach;
 - the attack's accuracy against the midway-between-medians rule of
-  ``inferlab.loadgen.side_channel.threshold``, on made-up probe times with outliers.
+  ``inferlab.loadgen.side_channel.threshold``, on made-up probe times with outliers;
+- a structured-output mask against its definition, token by token: a token is allowed when the
+  text after it can still be completed to a full match of the pattern (the ``regex`` package's
+  partial matching), end-of-sequence only after a full match, a token with no text never; on a
+  made-up vocabulary with pieces that span the pattern's parts, an empty special token and an
+  end-of-sequence token, at texts from empty to complete and one already off the pattern.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import random
 
 from inferlab.course.checks import CheckFailed, expect_close, expect_equal, lends, run_check
 from inferlab.loadgen import side_channel
+from inferlab.model import constrained
 from inferlab.serving import metrics, prefix_cache
 
 # Points per exercise for the grader's score (inferlab.course.grade; an instructor's
 # --weights file overrides them): more for the exercises that are more code.
-WEIGHTS = {"9.1": 2, "9.2": 2, "9.3": 1}
+WEIGHTS = {"9.1": 2, "9.2": 2, "9.3": 1, "9.4": 2}
 
 
 def _stream_timing(sent_s, chunk_times_s):
@@ -132,3 +138,69 @@ def attack_accuracy(fn):
     return run_check("9.3", "attack_accuracy", fn,
                      lends(_attack_accuracy, side_channel.threshold), cases,
                      success="a median ignores the one slow hit that a mean would follow.")
+
+
+# Exercise 9.4's made-up vocabulary: pieces that span the pattern's parts ('{"n', '": 1'), a
+# special token that decodes to no text (id 1) and end-of-sequence (id 0, no text either, as the
+# course tokenizer's).
+MASK_PATTERN = r'\{"n": [0-9]{1,3}\}'
+MASK_PIECES = ["", "", "{", '{"', '{"n', '"', "n", '": ', '": 1', ":", " ", "0", "1", "12",
+               "123", "1}", "}", "x", "\ufffd", "\n"]
+MASK_EOS = 0
+MASK_TEXTS = ["", "{", '{"n', '{"n": ', '{"n": 1', '{"n": 123', '{"n": 12}', '{"x']
+
+
+def allowed_tokens(fn):
+    """Exercise 9.4: ``allowed_tokens(pattern, pieces, text, eos_token_id)``: a (V,) bool tensor,
+    True for each token after which ``text`` can still become a full match of ``pattern``, and
+    for end-of-sequence only once ``text`` is one."""
+    import regex
+    import torch
+
+    pattern = regex.compile(MASK_PATTERN)
+
+    def cases(f):
+        for text in MASK_TEXTS:
+            call = f"allowed_tokens(pattern, pieces, {text!r}, eos_token_id={MASK_EOS})"
+            got = f(pattern, list(MASK_PIECES), text, MASK_EOS)
+            ref = constrained.allowed_tokens(pattern, MASK_PIECES, text, MASK_EOS)
+            if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or \
+                    tuple(got.shape) != (len(MASK_PIECES),):
+                raise CheckFailed(
+                    f"{call} returned {_describe(got)}, expected a bool tensor of shape "
+                    f"({len(MASK_PIECES)},), one entry per token.\n  Hint: start from "
+                    "torch.zeros(len(pieces), dtype=torch.bool) and set the allowed tokens True.")
+            if torch.equal(got, ref):
+                continue
+            i = int((got != ref).nonzero()[0])
+            piece, wanted = MASK_PIECES[i], bool(ref[i])
+            if i == MASK_EOS:
+                hint = ("end-of-sequence ends the text, so it is allowed exactly when the text "
+                        "so far is already a FULL match: pattern.fullmatch(text) is not None.")
+            elif not piece:
+                hint = ("a token that adds no text (a special token) never moves the text on: "
+                        "allowing it lets the model loop in place. Skip empty pieces.")
+            elif wanted:
+                hint = ("the text need not match yet, only still be able to: test "
+                        "pattern.fullmatch(text + piece, partial=True), which is not None for a "
+                        "prefix of some match.")
+            else:
+                hint = ("test the text WITH the token appended (text + piece), against the "
+                        "whole pattern (fullmatch, not match or search), so that the pieces "
+                        "before this step count too.")
+            raise CheckFailed(f"{call}: token {i} ({piece!r}) came back "
+                              f"{'allowed' if not wanted else 'not allowed'}, expected "
+                              f"{'allowed' if wanted else 'not allowed'} (expected "
+                              f"{int(ref.sum())} tokens allowed: "
+                              f"{[MASK_PIECES[j] for j in ref.nonzero().flatten().tolist()]}, "
+                              f"got {int(got.sum())}).\n  Hint: {hint}")
+    return run_check("9.4", "allowed_tokens", fn, constrained.allowed_tokens, cases,
+                     success="a token stays allowed exactly while the text can still match.")
+
+
+def _describe(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:120]
