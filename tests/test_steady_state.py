@@ -220,6 +220,17 @@ def test_the_stored_sweep_was_computed_from_todays_tables(stored):
     assert stored.provenance["date"] and stored.provenance["command"]
 
 
+def test_the_stored_sweep_used_todays_settings():
+    """The setup as stored, not as loaded: loading fills a field the criterion gained since
+    with its default, which would pass a sweep computed under another rule."""
+    from dataclasses import asdict
+
+    raw = json.loads(sweeps.path().read_text(encoding="utf-8"))["setup"]
+    assert raw == json.loads(json.dumps(asdict(sweeps.SweepSetup()))), \
+        "the sweep's settings or the steady-state criterion changed: run " \
+        "python -m inferlab.sim.sweeps --write"
+
+
 def test_recomputing_stored_points_gives_the_stored_numbers(stored):
     """The shortest trace of the highest rate, for each policy (the cheapest to recompute)."""
     s = stored.setup
