@@ -25,6 +25,7 @@ Vidur (Agrawal et al., MLSys 2024) simulates LLM serving the same way, at far gr
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
@@ -40,7 +41,7 @@ from inferlab.serving.paged_attention import ModelRunner
 from inferlab.serving.paged_cache import blocks_for
 from inferlab.serving.paged_int8 import pool_for
 from inferlab.serving.request import Request, Sequence, Span, longest_tokens
-from inferlab.serving.run import Run
+from inferlab.serving.run import Run, results_of
 from inferlab.sim.work import CountingScheduler, Work
 from inferlab.timing import time_fn
 
@@ -270,3 +271,71 @@ def simulate(requests: list[Request], costs: CostModel, config: ServingConfig,
     work = Work("engine") if work is None else work
     runner = SimRunner(costs, clock, chunked=config.token_budget is not None, work=work)
     return StepLoop(CountingScheduler(config, work), runner, clock).run(list(requests))
+
+
+class Resumable:
+    """``simulate`` for traces that extend one another, as a steady-state search serves them
+    (``inferlab.sim.steady_state``: n requests, then 2n whose first n are the same).
+
+    It keeps the engine as it stood just before each trace's last arrival was let in, and a
+    longer trace that starts with that one (and whose further requests arrive no earlier)
+    continues from there instead of being served again from the start. The ``Run`` is the one
+    ``simulate`` returns, to the last bit: the loop lets an arrival in only at a step that
+    begins at or after its time, and skips an idle clock only as far as its next arrival, so
+    every step before that point is the same in both runs. The last ``keep`` states are kept.
+    """
+
+    def __init__(self, costs: CostModel, config: ServingConfig, keep: int = 3):
+        self.costs, self.config, self.keep = costs, config, keep
+        self._kept: list[tuple[list[Request], tuple]] = []  # (trace, (loop, log, finished))
+
+    def __call__(self, requests: list[Request]) -> Run:
+        requests = list(requests)
+        start, state = self._resume(requests)
+        if state is None:
+            clock = VirtualClock()
+            work = Work("engine")
+            runner = SimRunner(self.costs, clock, chunked=self.config.token_budget is not None,
+                               work=work)
+            state = (StepLoop(CountingScheduler(self.config, work), runner, clock), [], [])
+        loop, iterations, finished = state
+        loop.on_iteration = iterations.append
+        for i in range(start, len(requests)):
+            loop.submit(Sequence(i, requests[i]))
+        last = max(r.arrival_s for r in requests)
+        kept = start == len(requests)  # this very trace was kept: nothing new to keep
+        while not loop.done:
+            if not kept and loop.clock.now() >= last:
+                self._keep(requests, state)
+                kept = True
+            finished += loop.step()
+        loop.on_iteration = None
+        sched = loop.scheduler
+        return Run(results_of(requests, {}, finished), iterations, sched.num_preemptions,
+                   self.config, sched.recomputed_tokens)
+
+    def _copy(self, state: tuple) -> tuple:
+        """A copy of the loop that shares what no later step changes: the cost model, the
+        configuration, the requests, the log's past iterations and the finished sequences."""
+        loop, iterations, finished = state
+        loop.on_iteration = None  # a bound list.append would not be copied with its list
+        shared = [self.costs, self.config, *iterations, *finished,
+                  *(s.request for s in loop.pending), *(s.request for s in loop.scheduler.running),
+                  *(s.request for s in loop.scheduler.waiting)]
+        return copy.deepcopy(loop, {id(x): x for x in shared}), list(iterations), list(finished)
+
+    def _keep(self, requests: list[Request], state: tuple) -> None:
+        self._kept = [*self._kept, (list(requests), self._copy(state))][-self.keep:]
+        state[0].on_iteration = state[1].append
+
+    def _resume(self, requests: list[Request]) -> tuple[int, tuple | None]:
+        """The longest kept trace that ``requests`` start with, each further request arriving
+        no earlier than its last: (its length, a copy of its state), else (0, None)."""
+        best = None
+        for trace, state in self._kept:
+            n = len(trace)
+            if n <= len(requests) and (best is None or n > len(best[0])) \
+                    and requests[:n] == trace \
+                    and all(r.arrival_s >= max(t.arrival_s for t in trace) for r in requests[n:]):
+                best = (trace, state)
+        return (0, None) if best is None else (len(best[0]), self._copy(best[1]))

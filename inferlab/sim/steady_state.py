@@ -80,22 +80,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 from inferlab.serving.config import ServingConfig
 from inferlab.serving.run import Run
 from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.serving.request import Request
-from inferlab.sim.simulator import CostModel, simulate
+from inferlab.sim.simulator import CostModel, Resumable
 from inferlab.sim.workloads import Workload  # noqa: F401  (re-exported: the steady-state API)
 
 Serve = Callable[[list[Request]], Run]   # serves a trace: one engine, or a whole cluster
 
 
 def simulated(costs: CostModel, config: ServingConfig) -> Serve:
-    """One engine with ``config``, its steps timed by ``costs`` (``inferlab.sim.simulator``)."""
-    return partial(simulate, costs=costs, config=config)
+    """One engine with ``config``, its steps timed by ``costs`` (``inferlab.sim.simulator``).
+    It serves a trace that extends one it served before from where that one's last arrival
+    found the engine (``Resumable``: the same ``Run`` as ``simulate``, in about half the time
+    for a search that doubles its trace)."""
+    return Resumable(costs, config)
 
 
 @dataclass(frozen=True)
