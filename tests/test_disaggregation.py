@@ -231,3 +231,20 @@ def test_the_benchmark_measures_the_engine_and_checks_its_bars(tmp_path, monkeyp
     assert [r["label"] for r in engine["results"]] == ["whole prompts", "budget 8", "budget 32"]
     assert {"stall_cut", "simulator_worst_error"} <= set(engine["bars"])
     assert all(r["stall_s"] > 0 for r in engine["results"])
+
+
+@pytest.mark.parametrize("cluster", [Cluster(COSTS, colocated=2, colocated_config=BASE),
+                                     split(1, 1), split(2, 1, router="round_robin")],
+                         ids=["colocated", "1P1D", "2P1D round robin"])
+def test_a_longer_trace_resumed_from_a_shorter_one_is_served_as_from_the_start(cluster):
+    # the search's serve keeps the cluster as each trace's last arrival found it and goes on
+    # from there for a trace that extends it: every result, instance count and transfer must
+    # be those of a simulation from the start (at a load that queues, so the state is busy)
+    serve = clustered(cluster)
+    for n in (30, 60, 60, 120):
+        reqs = requests(n, rate=30.0)
+        resumed, fresh = serve.cluster_run(reqs), simulate_cluster(reqs, cluster)
+        assert resumed.run.results == fresh.run.results
+        assert [w.as_dict() for w in resumed.instances] == [w.as_dict() for w in fresh.instances]
+        assert (resumed.transfer_s, resumed.link_wait_s) == (fresh.transfer_s, fresh.link_wait_s)
+    assert len(serve._kept) == 3  # 30, 60 and 120 (the second 60 resumed its own state)

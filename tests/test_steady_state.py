@@ -16,6 +16,7 @@ from inferlab.serving.metrics import SLO, Percentiles
 from inferlab.sim import records
 from inferlab.sim import steady_state as ss
 from inferlab.sim import sweeps
+from inferlab.sim.simulator import simulate
 
 
 class Fixed:
@@ -274,3 +275,23 @@ def test_the_steady_state_figure_has_no_problems():
     labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
     assert any("saturates at" in label for label in labels)
     plt.close("all")
+
+
+@pytest.mark.parametrize("config", [CONFIG, ServingConfig(num_blocks=6, max_batch=4)],
+                         ids=["roomy", "preempting"])
+@pytest.mark.parametrize("load", [0.5, 2.0], ids=["light", "overloaded"])
+def test_a_longer_trace_resumed_from_a_shorter_one_is_served_as_from_the_start(config, load):
+    # simulated() continues a trace that extends one it served from a copy of the engine as
+    # that trace's last arrival found it: results, iteration log and preemptions must be
+    # those of a simulation from the start. 48 tokens a sequence: three blocks, so four
+    # sequences overflow six blocks and the tight engine preempts when it is overloaded
+    work = ss.Workload.fixed(8, 40)
+    serve, rate, preempted = ss.simulated(Fixed(), config), load * 4 / (40 * 0.01), 0
+    for n in (50, 100, 100, 200):
+        reqs = work.requests(n, rate, seed=1)
+        resumed, fresh = serve(reqs), simulate(reqs, Fixed(), config)
+        assert resumed.results == fresh.results and resumed.iterations == fresh.iterations
+        assert resumed.num_preemptions == fresh.num_preemptions
+        preempted = fresh.num_preemptions
+    assert preempted > 0 if config is not CONFIG and load > 1 else True  # the path is taken
+    assert preempted == 0 if config is CONFIG else True

@@ -165,11 +165,13 @@ def counts(out, requests) -> dict:
             "instances": [w.as_dict() for w in out.instances]}
 
 
-def counted(kind: str, cluster, state) -> dict:
-    """``counts`` of the run behind a steady state's reported window (its longest trace)."""
+def counted(kind: str, cluster, state, serve=None) -> dict:
+    """``counts`` of the run behind a steady state's reported window (its longest trace);
+    ``serve``, the search's ``clustered`` serve, resumes it from where it kept it."""
     w = state.window
     requests = workload(kind).requests(w.n_requests, state.rate)
-    return counts(simulate_cluster(requests, cluster), requests)
+    run = simulate_cluster(requests, cluster) if serve is None else serve.cluster_run(requests)
+    return counts(run, requests)
 
 
 def _goodput(task: tuple) -> dict:
@@ -178,11 +180,12 @@ def _goodput(task: tuple) -> dict:
     kind, name, link, start = task
     t0 = time.process_time()
     cluster = setup(link)[name]
-    g = cluster_goodput(workload(kind), cluster, SLOS[kind], start, **SEARCH[kind])
+    serve = clustered(cluster, keep=32)  # every probe's states: the check resumes the answer's
+    g = cluster_goodput(workload(kind), cluster, SLOS[kind], start, serve=serve, **SEARCH[kind])
     state = g.capacity.state
-    work = None if state is None else counted(kind, cluster, state)
+    work = None if state is None else counted(kind, cluster, state, serve)
     confirm = None if state is None else window_to_dict(measure(
-        workload(kind).requests(CONFIRM, state.rate), clustered(cluster), SLOS[kind]))
+        workload(kind).requests(CONFIRM, state.rate), serve, SLOS[kind]))
     return {"kind": kind, "design": name, "link": link, "gpus": g.gpus, "rate": g.rate,
             "per_gpu": g.per_gpu, "capacity": capacity_to_dict(g.capacity), "work": work,
             "confirm": confirm, "cpu_s": time.process_time() - t0}
@@ -201,7 +204,7 @@ def _link(task: tuple) -> dict:
         state = longer(state, workload("document"), serve, SLOS["document"],
                        criterion=kw["criterion"])
     return {"design": name, "link": link, "rate": rate, "state": state_to_dict(state),
-            "work": counted("document", cluster, state), "cpu_s": time.process_time() - t0}
+            "work": counted("document", cluster, state, serve), "cpu_s": time.process_time() - t0}
 
 
 LOW_DESIGNS = {"1 colocated": (1, "colocated"), "1P1D": (2, "1P1D")}
@@ -213,10 +216,10 @@ def _low(task: tuple) -> dict:
     t0 = time.process_time()
     gpus, design = LOW_DESIGNS[name]
     cluster = setup(gpus=gpus)[design]
-    state = steady_state(workload("chat"), rate, clustered(cluster), SLOS["chat"],
-                         **steady_kw("chat"))
+    serve = clustered(cluster)
+    state = steady_state(workload("chat"), rate, serve, SLOS["chat"], **steady_kw("chat"))
     return {"name": name, "gpus": cluster.gpus, "state": state_to_dict(state),
-            "work": counted("chat", cluster, state), "cpu_s": time.process_time() - t0}
+            "work": counted("chat", cluster, state, serve), "cpu_s": time.process_time() - t0}
 
 
 def low_load(rate: float = LOW_RATE) -> dict:

@@ -50,6 +50,7 @@ transfer engines was found to put here) and no hop through a router.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ from inferlab.serving.loop import StepLoop, VirtualClock
 from inferlab.serving.metrics import SLO, RequestTiming
 from inferlab.serving.request import Request, Sequence
 from inferlab.serving.run import Result, Run
-from inferlab.sim.simulator import CostModel, SimRunner
+from inferlab.sim.simulator import CostModel, SimRunner, resume_point
 from inferlab.sim.work import CountingScheduler, Ledger, Work
 
 
@@ -217,6 +218,7 @@ class _Sim:
         self.out = ClusterRun(Run([]), c)
         self.revive_at: float | None = None
         self.parked: list[tuple] = []  # transfers waiting for a decode instance to come back
+        self.next_arrival, self.pending_failure = 0, failure  # of the requests by arrival
         if failure is not None and not 0 <= failure.instance < len(self.back):
             raise ValueError(f"no decode instance {failure.instance} in {c.name}")
         if failure is not None and failure.down_s == math.inf and len(self.back) < 2:
@@ -294,21 +296,26 @@ class _Sim:
         for src, i, tokens, ready_s, output, computed in parked:
             self.transfer(src, i, tokens, max(ready_s, t), output, computed)
 
-    def run(self) -> ClusterRun:
+    def run(self, keep=None) -> ClusterRun:
+        """Every event in time order to the end. ``keep``, if given, is called once, before the
+        first event at or after the last arrival (where ``_Clustered`` copies the simulation: a
+        longer trace's extra requests change nothing before it)."""
         order = sorted(range(len(self.requests)), key=lambda i: (self.requests[i].arrival_s, i))
-        next_arrival = 0
-        pending_failure = self.failure
+        last = max(r.arrival_s for r in self.requests)
         while True:
             node = min((n for n in self.front + self.back if n.alive),
                        key=lambda n: n.server.ready_s())  # the first of equals: front first
             t_step = node.server.ready_s()
-            t_arrive = self.requests[order[next_arrival]].arrival_s \
-                if next_arrival < len(order) else math.inf
+            t_arrive = self.requests[order[self.next_arrival]].arrival_s \
+                if self.next_arrival < len(order) else math.inf
             t_next = min(t_step, t_arrive)
-            if pending_failure is not None and t_next >= pending_failure.at_s \
+            if keep is not None and t_next >= last:
+                keep()
+                keep = None
+            if self.pending_failure is not None and t_next >= self.pending_failure.at_s \
                     and t_next < math.inf:
-                self.fail(pending_failure)
-                pending_failure = None
+                self.fail(self.pending_failure)
+                self.pending_failure = None
                 continue
             if self.revive_at is not None and t_next >= self.revive_at:
                 self.revive()
@@ -316,8 +323,8 @@ class _Sim:
             if t_next == math.inf:
                 break
             if t_arrive <= t_step:
-                i = order[next_arrival]
-                next_arrival += 1
+                i = order[self.next_arrival]
+                self.next_arrival += 1
                 self.submit_front(i, [], self.requests[i].arrival_s)
                 continue
             for seq in node.server.step():
@@ -348,10 +355,42 @@ def simulate_cluster(requests: list[Request], cluster: Cluster,
     return _Sim(list(requests), cluster, failure).run()
 
 
-def clustered(cluster: Cluster):
+def clustered(cluster: Cluster, keep: int = 3):
     """``cluster`` as a ``Serve`` of ``inferlab.sim.steady_state`` (a trace in, its ``Run``
-    out), so that the one steady-state window and search measure clusters too."""
-    return lambda requests: simulate_cluster(requests, cluster).run
+    out), so that the one steady-state window and search measure clusters too. Like one
+    engine's (``inferlab.sim.simulator.Resumable``), it serves a trace that extends one it
+    served before from a copy of the cluster as that trace's last arrival found it (the last
+    ``keep`` such copies are kept)."""
+    return _Clustered(cluster, keep)
+
+
+class _Clustered:
+    def __init__(self, cluster: Cluster, keep: int = 3):
+        self.cluster, self.keep = cluster, keep
+        self._kept: list[tuple[list[Request], _Sim]] = []
+
+    def __call__(self, requests: list[Request]) -> Run:
+        return self.cluster_run(requests).run
+
+    def cluster_run(self, requests: list[Request]) -> ClusterRun:
+        """``simulate_cluster(requests, cluster)``, resumed where it can be."""
+        requests = list(requests)
+        n, sim = resume_point(self._kept, requests)
+        sim = _Sim(requests, self.cluster, None) if sim is None else self._copy(sim)
+        sim.requests = requests  # the extra requests arrive after every event so far
+
+        def keep():
+            self._kept = [*self._kept, (requests, self._copy(sim))][-self.keep:]
+
+        return sim.run(None if n == len(requests) else keep)
+
+    def _copy(self, sim: _Sim) -> _Sim:
+        """A copy that shares what no later event changes: the cluster, the requests, the
+        finished sequences and their token times."""
+        c = self.cluster
+        shared = [c, c.costs, *sim.requests, *sim.final.values(),
+                  *(sim.times[i] for i in sim.final if i in sim.times)]
+        return copy.deepcopy(sim, {id(x): x for x in shared})
 
 
 def designs(model_config, spec, gpus: int, link_bandwidth: float, max_batch: int = 128,

@@ -40,10 +40,12 @@ class Goodput:
 
 
 def cluster_goodput(workload: Workload, cluster: Cluster, slo: SLO, start: float,
-                    name: str = "", **kw) -> Goodput:
+                    name: str = "", serve=None, **kw) -> Goodput:
     """``capacity_at_slo`` of ``cluster`` serving ``workload`` from ``start`` requests/s;
-    keyword arguments (target, rtol, n0, n_max, criterion, ...) go to the search."""
-    cap = capacity_at_slo(workload, clustered(cluster), slo, start, **kw)
+    keyword arguments (target, rtol, n0, n_max, criterion, ...) go to the search. ``serve``:
+    the cluster's ``clustered`` serve, where the caller wants to serve more traces with it."""
+    serve = clustered(cluster) if serve is None else serve
+    cap = capacity_at_slo(workload, serve, slo, start, **kw)
     return Goodput(name or cluster.name, cluster.gpus, cap)
 
 

@@ -329,13 +329,20 @@ class Resumable:
         state[0].on_iteration = state[1].append
 
     def _resume(self, requests: list[Request]) -> tuple[int, tuple | None]:
-        """The longest kept trace that ``requests`` start with, each further request arriving
-        no earlier than its last: (its length, a copy of its state), else (0, None)."""
-        best = None
-        for trace, state in self._kept:
-            n = len(trace)
-            if n <= len(requests) and (best is None or n > len(best[0])) \
-                    and requests[:n] == trace \
-                    and all(r.arrival_s >= max(t.arrival_s for t in trace) for r in requests[n:]):
-                best = (trace, state)
-        return (0, None) if best is None else (len(best[0]), self._copy(best[1]))
+        n, state = resume_point(self._kept, requests)
+        return (n, None) if state is None else (n, self._copy(state))
+
+
+def resume_point(kept: list[tuple[list[Request], object]],
+                 requests: list[Request]) -> tuple[int, object | None]:
+    """Of ``kept`` (trace, state) pairs, the longest trace that ``requests`` starts with, each
+    further request arriving no earlier than its last: (its length, its state), else
+    (0, None)."""
+    best = None
+    for trace, state in kept:
+        n = len(trace)
+        if n <= len(requests) and (best is None or n > len(best[0])) \
+                and requests[:n] == trace \
+                and all(r.arrival_s >= max(t.arrival_s for t in trace) for r in requests[n:]):
+            best = (trace, state)
+    return (0, None) if best is None else (len(best[0]), best[1])
