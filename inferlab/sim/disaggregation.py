@@ -386,10 +386,12 @@ class _Clustered:
 
     def _copy(self, sim: _Sim) -> _Sim:
         """A copy that shares what no later event changes: the cluster, the requests, the
-        finished sequences and their token times."""
+        finished sequences that have left their batch and their token times."""
         c = self.cluster
-        shared = [c, c.costs, *sim.requests, *sim.final.values(),
-                  *(sim.times[i] for i in sim.final if i in sim.times)]
+        held = {id(s) for n in sim.front + sim.back for s in n.scheduler.running}
+        done = [i for i, s in sim.final.items() if id(s) not in held]  # left their batch
+        shared = [c, c.costs, *sim.requests, *(sim.final[i] for i in done),
+                  *(sim.times[i] for i in done if i in sim.times)]
         return copy.deepcopy(sim, {id(x): x for x in shared})
 
 

@@ -316,13 +316,17 @@ class Resumable:
 
     def _copy(self, state: tuple) -> tuple:
         """A copy of the loop that shares what no later step changes: the cost model, the
-        configuration, the requests, the log's past iterations and the finished sequences."""
+        configuration, the requests, the log's past iterations and the finished sequences that
+        have left the batch."""
         loop, iterations, finished = state
         loop.on_iteration = None  # a bound list.append would not be copied with its list
-        shared = [self.costs, self.config, *iterations, *finished,
+        held = {id(s) for s in loop.scheduler.running}  # a static batch keeps its finished
+        shared = [self.costs, self.config, *iterations,  # members until the batch ends
+                  *(s for s in finished if id(s) not in held),
                   *(s.request for s in loop.pending), *(s.request for s in loop.scheduler.running),
                   *(s.request for s in loop.scheduler.waiting)]
-        return copy.deepcopy(loop, {id(x): x for x in shared}), list(iterations), list(finished)
+        loop, finished = copy.deepcopy((loop, finished), {id(x): x for x in shared})
+        return loop, list(iterations), finished
 
     def _keep(self, requests: list[Request], state: tuple) -> None:
         self._kept = [*self._kept, (list(requests), self._copy(state))][-self.keep:]
