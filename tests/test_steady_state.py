@@ -97,6 +97,27 @@ def test_a_warm_up_shortfall_that_wears_down_is_not_an_overload():
     assert not c.agree(window(800, 100, 99, 2.0, 0.1), window(1600, 100, 99, 2.0, 0.2))
 
 
+
+def test_a_wait_for_the_second_token_is_a_queue_only_in_a_split():
+    """The gap from first to second token, less one step, may not grow in a split (a queue in
+    front of the decode pool); in one engine the step that gives the second token grows with the
+    batch, and a growing gap with a flat wait for the first token is no queue."""
+    p = Percentiles(1.0, 1.0, 1.0, 1.0)
+    def window(n, gap_s, split):
+        return ss.Window(n, n, 1.0, 1.0, 1.0, 100, 1.0, 1.0, 99, Percentiles(0.1, 0.1, 0.1, 0.1),
+                         Percentiles(0.010, 0.010, 0.010, 0.010),
+                         Percentiles(gap_s, gap_s, gap_s, gap_s), p, math.nan, math.nan, 1.0,
+                         0.0, 1.0, 0, split)
+    c = ss.Criterion()
+    for split in (True, False):
+        steady = (window(800, 0.0102, split), window(1600, 0.0104, split))  # within 5% of it
+        assert not c.queue_growing(*steady) and c.agree(*steady)
+    grew = lambda split: (window(800, 0.0102, split), window(1600, 0.0175, split))  # noqa: E731
+    assert c.queue_growing(*grew(True)) and not c.agree(*grew(True))
+    assert not c.queue_growing(*grew(False)) and c.agree(*grew(False))
+    # one split window and one colocated are not a split's pair
+    assert not c.queue_growing(window(800, 0.0102, True), window(1600, 0.0175, False))
+
 def test_capacity_under_an_slo_sits_below_saturation():
     slo = SLO(ttft_s=0.5, tpot_s=0.05)
     cap = ss.capacity_at_slo(WORK, SERVE, slo, 0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG),

@@ -38,13 +38,15 @@ class Result:
 class Run:
     """A serving run: one ``Result`` per request (in the order given), the iteration log, the
     preemptions and the tokens whose K/V they threw away (computed again: ``recomputed_tokens``),
-    and the configuration it ran with (``num_blocks`` filled in)."""
+    and the configuration it ran with (``num_blocks`` filled in). ``split``: a disaggregated
+    cluster's run, whose requests decode on other instances than the one that prefilled them."""
 
     results: list[Result]
     iterations: list[Iteration] = field(default_factory=list)
     num_preemptions: int = 0
     config: ServingConfig | None = None
     recomputed_tokens: int = 0
+    split: bool = False
 
     @property
     def timings(self) -> list[RequestTiming | None]:

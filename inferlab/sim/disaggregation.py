@@ -344,7 +344,7 @@ class _Sim:
             results.append(Result(rid, r.prompt, tuple(seq.output),
                                   RequestTiming(r.arrival_s, tuple(sorted(self.times[i]))),
                                   seq.num_preemptions, finish_reason=seq.finish_reason))
-        self.out.run = Run(results)
+        self.out.run = Run(results, split=bool(self.cluster.decode))
         return self.out
 
 
