@@ -23,11 +23,11 @@ installed metadata), or one the code imports only where it is installed (``ONLY_
 each with the place that takes the other path); the import that issue 37 found missing,
 tokenizers, fails it. In the venv the test imports every top-level module any lab imported but
 those; then it runs the cheapest lab of each distinct import set from top to bottom in the
-venv's kernel with ``jupyter nbconvert --execute``, unsolved (each check lends the package's
-reference), so each set is seen working in a whole lab. The book build has already run every
-solved lab, and a test checks that the record names every lab, so a new lab cannot slip past.
-Then the course server starts from the venv and answers: Chapter 9's server and Lab 9 need its
-imports too.
+venv's kernel as ``jupyter nbconvert --execute`` would (but waiting in slices), unsolved (each
+check lends the package's reference), so each set is seen working in a whole lab. The book
+build has already run every solved lab, and a test checks that the record names every lab, so
+a new lab cannot slip past. Then the course server starts from the venv and answers: Chapter
+9's server and Lab 9 need its imports too.
 
 The other tests read the files: the ``labs`` extra exists and pins nothing, and every
 requirement with no wheels for some system (triton: Linux only) carries its platform marker.
@@ -200,14 +200,18 @@ def test_the_learner_s_install_imports_what_every_lab_imported(learner):
 def test_a_lab_of_each_import_set_runs_to_its_end_in_the_learner_s_install(learner, lab):
     number = int(lab.split("_")[0])
     out = learner.labs / f"executed_{lab}"
-    # A cell's timeout of 180 s (a lab's longest cell takes seconds here): nbclient waits for a
-    # cell's reply for up to the timeout and, when ZeroMQ's wake-up is missed (see
-    # inferlab.course.runner.slice_waits), finds the reply only then; nbconvert, which a learner
-    # runs, has no sliced waits, so the timeout bounds what one missed wake-up costs this test
-    # (600 s in one CI run here), and a cell that really runs longer still fails it.
-    done = learner.run(learner.bin_dir / "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                       "--ExecutePreprocessor.timeout=180", "--output", out.name,
-                       learner.labs / lab)
+    # Executed as nbconvert would (nbclient, the venv's python3 kernel, the lab's folder as its
+    # working directory), with one difference: the kernel client waits in slices
+    # (inferlab.course.runner.slice_waits). nbconvert's client waits for a cell's reply as long
+    # as the cell's timeout when ZeroMQ's wake-up is missed (Lab 1 took 218 s in one CI run
+    # here, 33 s in the same run's book build); a cell that really runs past 180 s still fails.
+    script = ("import sys, nbformat\n"
+              "from inferlab.course.runner import _sliced_client\n"
+              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+              "_sliced_client()(nb, timeout=180, kernel_name='python3',\n"
+              "                 resources={'metadata': {'path': str(sys.argv[3])}}).execute()\n"
+              "nbformat.write(nb, sys.argv[2])\n")
+    done = learner.run(learner.python, "-c", script, learner.labs / lab, out, learner.labs)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     executed = nbformat.read(out, as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
