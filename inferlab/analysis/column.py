@@ -52,7 +52,7 @@ def use_course_style() -> None:
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(COURSE_STYLE)
-    if wrap_figure_display(lambda fig: fit_to_column(fig)):
+    if wrap_figure_display(fit_to_column):
         wrap_printed_lines()
 
 
@@ -132,12 +132,15 @@ def wrap_printed_lines(width: int = OUTPUT_CHARS) -> None:
         sys.stdout = _WrappingStream(sys.stdout, width)
 
 
-def shown_width_px(fig) -> float:
+def shown_width_px(fig, drawn: bool = False) -> float:
     """The width in pixels of ``fig`` as a notebook shows it (``bbox_inches="tight"``, with
-    matplotlib's padding, at ``fig.dpi``)."""
+    matplotlib's padding, at ``fig.dpi``). ``drawn``: the figure was drawn after its last
+    change, so it need not be drawn again (a draw of a figure with log axes takes about a
+    second of a book build's CPU)."""
     import matplotlib as mpl
 
-    fig.canvas.draw()
+    if not drawn:
+        fig.canvas.draw()
     box = fig.get_tightbbox(fig.canvas.get_renderer())
     return (box.width + 2 * mpl.rcParams["savefig.pad_inches"]) * fig.dpi
 
@@ -164,11 +167,12 @@ def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
                                                          LogFormatter):
                 plain_log_ticks(ax, name)
     target = width_px - 6
-    if shown_width_px(fig) > target:
+    shown = shown_width_px(fig)
+    if shown > target:
         _legends_below(fig)
-    for _ in range(6):
         shown = shown_width_px(fig)
-        wrapped = _wrap_wide_titles(fig, target)
+    for _ in range(6):   # each pass measures the figure as the last draw left it
+        wrapped = _wrap_wide_titles(fig, target, drawn=True)
         if shown <= target and not wrapped:
             return
         if shown > target:
@@ -181,6 +185,7 @@ def fit_to_column(fig, width_px: float = COLUMN_PX) -> None:
                 fig.set_layout_engine("constrained")
             except RuntimeError:           # an engine that cannot be swapped (colorbars)
                 fig.tight_layout()
+        shown = shown_width_px(fig)
 
 
 def _legends_below(fig) -> None:
@@ -202,12 +207,13 @@ def _legends_below(fig) -> None:
         legend_below(ax, handles=handles, labels=labels, title=title, ncols=2 if two else 1)
 
 
-def _wrap_wide_titles(fig, width_px: float) -> bool:
+def _wrap_wide_titles(fig, width_px: float, drawn: bool = False) -> bool:
     """Wrap the figure's title to ``width_px`` and each axes title to its axes' width;
-    True when any was wrapped."""
+    True when any was wrapped. ``drawn``: as for ``shown_width_px``."""
     import textwrap
 
-    fig.canvas.draw()
+    if not drawn:
+        fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     texts = [(ax.title, ax.get_window_extent().width) for ax in fig.axes]
     if fig._suptitle is not None:
@@ -225,8 +231,14 @@ def _wrap_wide_titles(fig, width_px: float) -> bool:
     return wrapped
 
 
+_BEFORE_SHOWN: list = []   # what runs on each figure before the kernel shows it, in order
+
+
 def wrap_figure_display(before) -> bool:
-    """Call ``before(fig)`` whenever the kernel shows a matplotlib figure; False outside one."""
+    """Call ``before(fig)`` whenever the kernel shows a matplotlib figure, after whatever was
+    given before it (each function once, however often it is given); False outside a kernel.
+    The kernel's formatter is wrapped once, so a figure is fitted once however many calls
+    ask for it."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -234,6 +246,8 @@ def wrap_figure_display(before) -> bool:
     shell = get_ipython()
     if shell is None:
         return False
+    if before not in _BEFORE_SHOWN:
+        _BEFORE_SHOWN.append(before)
     import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
@@ -244,11 +258,15 @@ def wrap_figure_display(before) -> bool:
             show = formatter.lookup_by_type(Figure)
         except (AttributeError, KeyError):
             continue
+        if getattr(show, "_course_wrapped", False):
+            return True
 
         def shown(fig, _show=show):
-            before(fig)
+            for hook in list(_BEFORE_SHOWN):
+                hook(fig)
             return _show(fig)
 
+        shown._course_wrapped = True
         formatter.for_type(Figure, shown)
         return True            # one format is enough: each figure is seen once
     return False

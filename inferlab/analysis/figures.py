@@ -61,13 +61,15 @@ def _shown_ticklabels(axis) -> list:
             if lo - span <= loc <= hi + span and t.get_visible() and t.get_text()]
 
 
-def figure_problems(fig) -> list[str]:
-    """Everything in ``fig`` a reader would trip over; an empty list when there is nothing."""
+def figure_problems(fig, drawn: bool = False) -> list[str]:
+    """Everything in ``fig`` a reader would trip over; an empty list when there is nothing.
+    ``drawn``: the figure was drawn after its last change (``shown_width_px``)."""
     from matplotlib.collections import PathCollection
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
 
-    fig.canvas.draw()
+    if not drawn:
+        fig.canvas.draw()
     problems = []
     legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
     legends += [(None, leg) for leg in fig.legends]
@@ -155,16 +157,16 @@ def check_figures_as_shown() -> list[str]:
     problems: list[str] = []
     shown = [0]                # figures checked so far, to name each in a message
 
-    def check(fig):
+    def check(fig):   # after fit_to_column, whose last step drew the figure as it is
         shown[0] += 1
-        fit_to_column(fig)
         title = fig._suptitle.get_text() if fig._suptitle else ""
         title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
-        found = figure_problems(fig)
-        if shown_width_px(fig) > COLUMN_PX:  # fit_to_column could not narrow it enough
-            found.append(f"{shown_width_px(fig):.0f} pixels wide, more than the column's "
-                         f"{COLUMN_PX}")
+        width = shown_width_px(fig, drawn=True)
+        found = figure_problems(fig, drawn=True)
+        if width > COLUMN_PX:  # fit_to_column could not narrow it enough
+            found.append(f"{width:.0f} pixels wide, more than the column's {COLUMN_PX}")
         problems.extend(f"figure {shown[0]} ({title!r}): {p}" for p in found)
 
+    wrap_figure_display(fit_to_column)   # first, if use_course_style has not asked for it
     wrap_figure_display(check)
     return problems
