@@ -6,6 +6,7 @@ tests check the machinery against that arithmetic. The stored sweep is checked a
 tables it was computed from and against recomputation.
 """
 
+import functools
 import json
 import math
 
@@ -118,10 +119,16 @@ def test_a_wait_for_the_second_token_is_a_queue_only_in_a_split():
     # one split window and one colocated are not a split's pair
     assert not c.queue_growing(window(800, 0.0102, True), window(1600, 0.0175, False))
 
+@functools.lru_cache(maxsize=None)
+def usual_capacity() -> ss.SLOCapacity:
+    """The search at SLO_FIXED with the usual criterion (two tests read it; it takes a while)."""
+    return ss.capacity_at_slo(WORK, SERVE, SLO(ttft_s=0.5, tpot_s=0.05),
+                              0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG), target=0.9,
+                              n0=400, n_max=3200)
+
+
 def test_capacity_under_an_slo_sits_below_saturation():
-    slo = SLO(ttft_s=0.5, tpot_s=0.05)
-    cap = ss.capacity_at_slo(WORK, SERVE, slo, 0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG),
-                             target=0.9, n0=400, n_max=3200)
+    cap = usual_capacity()
     assert 0.5 * CAPACITY < cap.rate < CAPACITY
     assert cap.verdict(cap.state) == ss.MEETS and cap.window.slo_attainment >= 0.9
     failed = [p for p in cap.probes if p.rate > cap.rate]
@@ -157,7 +164,7 @@ def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
     """The same answer whichever criterion: the SLO, not the settling, sets it; every rate above
     the answer that was tried misses or stayed undecided after its trace was grown."""
     start = 0.5 * CAPACITY
-    usual = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=400, n_max=3200)
+    usual = usual_capacity()
     strict = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=400, n_max=3200,
                                 criterion=NEVER)
     assert strict.criterion == NEVER and strict.target == 0.9
