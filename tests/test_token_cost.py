@@ -6,6 +6,7 @@ they came from and against recomputation.
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -240,6 +241,13 @@ def test_what_held_each_batch_is_read_from_the_searchs_own_verdicts(stored):
         elif limit.reason in ("TTFT bound", "TPOT bound"):
             assert limit.slo_binds and not above.window.saturated, case
             assert above.window.slo_attainment < cap.target, case  # its longest trace missed
+            a, b = above.history[-2:]
+            if cap.criterion.queue_growing(a, b):  # the bound's only if a looser one passes it
+                looser = [stored[tc.case_key(replace(case, tpot_s=t))].capacity
+                          for t in tc.TPOT_BOUNDS if t > case.tpot_s
+                          and tc.case_key(replace(case, tpot_s=t)) in stored]
+                assert limit.reason == "TPOT bound", case
+                assert any(c.rate >= above.rate for c in looser), case
         elif limit.reason == "cannot tell":
             assert cap.verdict(above) == UNDECIDED, case
             assert above.window.slo_attainment >= cap.target, case

@@ -16,10 +16,11 @@ general story:
     is split (``inferlab.analysis.cost_split``: by tokens or by kernel time), so the verdict
     names neither; ``prefill_share`` keeps the token split's;
   - it kept up and its longest trace missed the target: the bound it missed (p95 beyond the
-    bound) says **TTFT** or **TPOT**. A TPOT miss is the bound's whatever the wait for the
-    first token did beside it (a rise of a few percent in a 40 ms wait under a 2 s bound is
-    not a device out of time); otherwise a queue building up between its two longest traces
-    (``Criterion.queue_growing``) says the **device's time** ran out after all. The search
+    bound) says **TTFT** or **TPOT**, unless a queue built up between its two longest traces
+    (``Criterion.queue_growing``), which says the **device's time** ran out. A TPOT miss beside
+    a rising wait for the first token is the bound's all the same when the same rate meets
+    under a looser TPOT bound (``looser``: a rise of a few percent in a 40 ms wait is not a
+    device out of time if loosening the bound alone lets the rate pass). The search
     may have counted such a rate "undecided" (met at the shorter trace, missed at the longer)
     and so as a miss; what held it is read all the same, from the evidence of the longest
     trace;
@@ -71,8 +72,9 @@ def prefill_share(w: Window) -> float:
 
 
 def batch_limit(capacity: SLOCapacity, max_batch: int, fits: int, ttft_s: float,
-                tpot_s: float) -> BatchLimit:
-    """Read what held the batch down from a search's own probes (``capacity_at_slo``)."""
+                tpot_s: float, looser=()) -> BatchLimit:
+    """Read what held the batch down from a search's own probes (``capacity_at_slo``), and from
+    ``looser``: searches of the same server under looser TPOT bounds, if any were run."""
     w = capacity.window
     share = prefill_share(w)
     above = sorted((p for p in capacity.probes if p.rate > capacity.rate), key=lambda p: p.rate)
@@ -93,12 +95,16 @@ def batch_limit(capacity: SLOCapacity, max_batch: int, fits: int, ttft_s: float,
         return BatchLimit("device time", **info)
     ttft_over = missed.ttft.p95 / ttft_s
     tpot_over = missed.tpot.p95 / tpot_s
-    if tpot_over > 1 and tpot_over >= ttft_over:
-        # it kept up, and its steps were too slow for the bound: a rise of a few percent in
-        # the wait for the first token beside it is not the device running out of time
+    queue = len(history) >= 2 and capacity.criterion.queue_growing(history[-2], history[-1])
+    met_looser = any(c.rate >= nxt.rate for c in looser)   # that rate meets a looser bound
+    missed_target = missed.slo_attainment < capacity.target
+    if missed_target and tpot_over > 1 and tpot_over >= ttft_over and (met_looser or not queue):
+        # it kept up and its steps were too slow for the bound, with no queue building, or
+        # with the wait for the first token rising beside it while the same rate meets a
+        # looser bound: the server was not out of time
         return BatchLimit("TPOT bound", **info)
-    if len(history) >= 2 and capacity.criterion.queue_growing(history[-2], history[-1]):
+    if queue:
         return BatchLimit("device time", **info)
-    if said == UNDECIDED and missed.slo_attainment >= capacity.target:
+    if said == UNDECIDED and not missed_target:
         return BatchLimit("cannot tell", **info)
     return BatchLimit("TTFT bound" if ttft_over >= tpot_over else "TPOT bound", **info)

@@ -46,7 +46,7 @@ import datetime as _dt
 import functools
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from inferlab.analysis.cost_split import PhaseSplit, split_run
@@ -259,9 +259,18 @@ class CostCase:
         config = self.serving()
         return config.num_blocks * config.block_size // (self.prompt + self.output)
 
-    def limit(self, capacity: SLOCapacity) -> BatchLimit:
-        """What held the batch down in ``capacity`` (``inferlab.sim.cost_limits``)."""
-        return batch_limit(capacity, self.max_batch, self.fits(), self.ttft_s, self.tpot_s)
+    def limit(self, capacity: SLOCapacity, looser=None) -> BatchLimit:
+        """What held the batch down in ``capacity`` (``inferlab.sim.cost_limits``). ``looser``:
+        the searches of this server under looser TPOT bounds (default: those of ``TPOT_BOUNDS``
+        the stored record holds), whose answers say whether the next rate meets once the bound
+        is looser."""
+        if looser is None:
+            looser = []
+            for t in TPOT_BOUNDS:
+                if t > self.tpot_s and case_key(replace(self, tpot_s=t)) in stored():
+                    looser.append(stored_capacity(replace(self, tpot_s=t)))
+        return batch_limit(capacity, self.max_batch, self.fits(), self.ttft_s, self.tpot_s,
+                           looser)
 
     @property
     def slo(self) -> SLO:
