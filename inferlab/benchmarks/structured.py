@@ -20,8 +20,8 @@ answer, token by token:
 Three vocabularies, each with its answer encoded the way its tokenizer would:
 
 - **course**: the course model's 1,024 tokens;
-- **Tekken**: a real 131,072-token byte-level BPE vocabulary, the tokenizer of Mistral's recent
-  models, read from the JSON that the ``mistral_common`` package ships (``--tekken``: the wheel
+- **Tekken**: a real 131,072-token byte-level BPE vocabulary, read from the JSON that Mistral's
+  ``mistral_common`` package ships for its models (``--tekken``: the wheel
   or the extracted ``tekken_240911.json``; ``inferlab.benchmarks.tekken`` reads it and encodes
   the answer with its own ranks and split pattern). Nothing is downloaded: without the file the
   command says so and measures the other two;

@@ -1,13 +1,14 @@
 """A real byte-level BPE vocabulary for the benchmarks: Mistral's Tekken, read without its library.
 
-Tekken is the tokenizer of Mistral's recent models (131,072 ids). ``mistral_common`` ships it
-as JSON (``mistral_common/data/tekken_240911.json`` in its wheel): a ``config`` with the split
-``pattern``, ``default_vocab_size`` and ``default_num_special_tokens``, and a ``vocab`` list of
-``{"rank", "token_bytes" (base64), "token_str"}`` in rank order, the first 256 ranks being the
-single bytes. The model's ids are the special tokens first (0 to ``num_special - 1``), then
-the BPE ranks in order, cut at ``default_vocab_size``; a file without a ``special_tokens`` list
-(version v3 and older) uses the fixed list whose id 2 is ``</s>`` (``Tekkenizer.from_file`` and
-``DEPRECATED_SPECIAL_TOKENS`` in mistral_common 1.12.0, ``tokens/tokenizers/tekken.py``).
+Tekken is a byte-level BPE tokenizer of 131,072 ids that Mistral's ``mistral_common`` package
+ships for its models as JSON (``mistral_common/data/tekken_240911.json`` in its wheel): a
+``config`` with the split ``pattern``, ``default_vocab_size`` and ``default_num_special_tokens``,
+and a ``vocab`` list of ``{"rank", "token_bytes" (base64), "token_str"}`` in rank order, the
+first 256 ranks being the single bytes. The model's ids are the special tokens first (0 to
+``num_special - 1``), then the BPE ranks in order, cut at ``default_vocab_size``; a file without
+a ``special_tokens`` list (allowed up to version v7; this one is v3) uses the fixed list whose id
+2 is ``</s>`` (``Tekkenizer.from_file`` and ``DEPRECATED_SPECIAL_TOKENS`` in mistral_common
+1.12.0, ``tokens/tokenizers/tekken.py``).
 
 Encoding is tiktoken's byte-level BPE, which ``mistral_common`` calls: split the text with the
 pattern (the ``regex`` package, for ``\\p{L}`` and friends); a piece whose UTF-8 bytes are a
