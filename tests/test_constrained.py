@@ -27,6 +27,16 @@ def test_the_mask_keeps_the_prefixes_of_a_match_and_ends_only_on_a_full_one():
     assert not c.allowed("x").any()
 
 
+def test_a_full_match_ends_only_when_no_token_but_eos_can_extend_it():
+    for eos in (0, len(Pieces.PIECES) - 1):   # wherever the end-of-sequence id lies
+        pieces = list(Pieces.PIECES)
+        pieces.insert(eos, pieces.pop())          # the empty piece is end-of-sequence
+        tok = type("Tok", (), {"decode": lambda self, ids: "".join(pieces[i] for i in ids)})()
+        extendable = RegexConstraint(r"ab[0-9]+", tok, len(pieces), eos)
+        assert not extendable.finished("ab") and not extendable.finished("ab1")
+        assert RegexConstraint(r"ab1", tok, len(pieces), eos).finished("ab1")
+
+
 def test_greedy_decoding_under_a_pattern_matches_it_and_unconstrained_does_not():
     model, tok = model_and_tokenizer()
     pattern = r'\{"name": "[a-z_]{1,12}", "line": [0-9]{1,4}\}'

@@ -66,6 +66,15 @@ class RegexConstraint:
         """A (V,) bool mask: True for the tokens after which ``text`` can still match."""
         return allowed_tokens(self.pattern, self.pieces, text, self.eos)
 
+    def finished(self, text: str) -> bool:
+        """``text`` is a full match that no token other than end-of-sequence can extend."""
+        if not self.complete(text):
+            return False
+        ok = self.allowed(text)
+        if self.eos is not None:
+            ok[self.eos] = False
+        return not ok.any()
+
 
 @torch.inference_mode()
 def constrained_generate(model, prompt: list[int], constraint: RegexConstraint | None,
@@ -93,8 +102,7 @@ def constrained_generate(model, prompt: list[int], constraint: RegexConstraint |
             break
         out.append(token)
         text += constraint.pieces[token] if constraint is not None else ""
-        if constraint is not None and constraint.complete(text) and \
-                not constraint.allowed(text)[:constraint.eos].any():
+        if constraint is not None and constraint.finished(text):
             break  # a full match that no token can extend: done
         t = time.perf_counter()
         logits = decode_one_token(model, torch.tensor([token], device=model.device), cache)[0]
