@@ -157,10 +157,12 @@ def breakable(text: str) -> str:
     """``text`` as HTML, with a break opportunity (``<wbr>``) after each joint of a long name,
     and no break at a hyphen between joints (a browser would break ``-m`` and ``2026-12-02``
     after their hyphens) unless the piece is longer than ``LONG`` characters
-    (``x-gateway-inference-objective`` may break after ``gateway-``, never after ``--``)."""
+    (``x-gateway-inference-objective`` may break after ``gateway-``, never after ``--``); a
+    piece with no hyphen longer than twice ``LONG`` (a sha256 digest) every 16 characters."""
     def piece(p: str) -> str:
-        if "-" not in p:
-            return html.escape(p)
+        if "-" not in p:   # a digest or any other run this long may break every 16 characters
+            return "<wbr>".join(html.escape(p[i:i + 16]) for i in range(0, len(p), 16)) \
+                if len(p) > 2 * LONG else html.escape(p)
         if len(p) > LONG:   # after a hyphen inside it, never within a leading run (--)
             return "<wbr>".join(piece(q) for q in re.split(r"(?<=[^\s-]-)(?=[^-])", p))
         return f'<span style="white-space: nowrap">{html.escape(p)}</span>'

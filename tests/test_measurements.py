@@ -126,3 +126,7 @@ def test_the_engine_facts_table_breaks_only_at_joints():
     assert measurements.breakable("--random-input-len-and-more").startswith(
         '<span style="white-space: nowrap">--random-</span><wbr>')   # never after "--" alone
     assert measurements.breakable("0.12.0") == "0.12.0"
+    digest = "1948e2d48b0e7377f1bb5f1210f1ae5f984934e75713fc07e2452729b8365316"  # a sha256
+    assert measurements.breakable(digest).split("<wbr>") == [digest[i:i + 16]
+                                                             for i in range(0, 64, 16)]
+    assert "<wbr>" not in measurements.breakable("40b0e7377f1bb5f1210f1ae5f98")  # 27: whole
