@@ -112,11 +112,13 @@ def load(path: Path = RECORD) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def import_sets(record: dict) -> dict[frozenset, list[str]]:
-    """The labs grouped by the set of distributions they import, cheapest first in each."""
+def import_sets(record: dict, leave_out=frozenset()) -> dict[frozenset, list[str]]:
+    """The labs grouped by the set of distributions they import, cheapest first in each;
+    ``leave_out``: distributions not counted (those a lab imports only where installed, which
+    an install without them does not see)."""
     groups: dict[frozenset, list[str]] = {}
     for lab, row in sorted(record["labs"].items(), key=lambda kv: kv[1]["seconds"]):
-        groups.setdefault(frozenset(row["distributions"]), []).append(lab)
+        groups.setdefault(frozenset(row["distributions"]) - frozenset(leave_out), []).append(lab)
     return groups
 
 
