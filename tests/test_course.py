@@ -152,3 +152,7 @@ def test_labs_are_grouped_by_the_distributions_they_imported_cheapest_first():
     assert imports.import_sets(record) == {
         frozenset({"numpy"}): ["solutions/02_b.ipynb", "solutions/01_a.ipynb"],
         frozenset({"numpy", "torch"}): ["solutions/03_c.ipynb"]}
+    # leaving out what an install does not have merges the sets that differ only by it
+    assert imports.import_sets(record, {"torch"}) == {
+        frozenset({"numpy"}): ["solutions/03_c.ipynb", "solutions/02_b.ipynb",
+                               "solutions/01_a.ipynb"]}
