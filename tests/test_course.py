@@ -139,20 +139,21 @@ def test_the_guide_check_finds_what_it_looks_for(root):
     assert guide_problems(guide + "\n40 learners' nine labs (360 notebooks)\n", chapters, labs)
 
 
-def test_labs_are_grouped_by_the_distributions_they_imported_cheapest_first():
-    """tests/test_learner_setup.py runs the first lab of each group: the cheapest of those that
-    imported exactly that set."""
+def test_the_labs_run_in_the_learner_s_install_are_the_cheapest_that_import_everything():
+    """tests/test_learner_setup.py runs the cheapest labs that together import every
+    distribution any lab imported (by the record's seconds; the fewest among equally cheap)."""
     from inferlab.course import imports
 
-    numpy, torch = {"numpy": ["numpy"]}, {"torch": ["torch"]}
+    numpy, torch, tok = {"numpy": ["numpy"]}, {"torch": ["torch"]}, {"tokenizers": ["tokenizers"]}
     record = {"labs": {"solutions/01_a.ipynb": {"distributions": numpy, "seconds": 9.0},
-                       "solutions/02_b.ipynb": {"distributions": numpy, "seconds": 3.0},
+                       "solutions/02_b.ipynb": {"distributions": {**numpy, **tok}, "seconds": 3.0},
                        "solutions/03_c.ipynb": {"distributions": {**numpy, **torch},
-                                                "seconds": 1.0}}}
-    assert imports.import_sets(record) == {
-        frozenset({"numpy"}): ["solutions/02_b.ipynb", "solutions/01_a.ipynb"],
-        frozenset({"numpy", "torch"}): ["solutions/03_c.ipynb"]}
-    # leaving out what an install does not have merges the sets that differ only by it
-    assert imports.import_sets(record, {"torch"}) == {
-        frozenset({"numpy"}): ["solutions/03_c.ipynb", "solutions/02_b.ipynb",
-                               "solutions/01_a.ipynb"]}
+                                                "seconds": 1.0},
+                       "solutions/04_d.ipynb": {"distributions": {**numpy, **torch, **tok},
+                                                "seconds": 5.0}}}
+    # 02 and 03 cover everything for 4 s; 04 alone covers it too, but costs 5 s
+    assert imports.covering_labs(record) == ["solutions/02_b.ipynb", "solutions/03_c.ipynb"]
+    record["labs"]["solutions/04_d.ipynb"]["seconds"] = 4.0  # equally cheap: the fewer labs
+    assert imports.covering_labs(record) == ["solutions/04_d.ipynb"]
+    # leaving out what an install does not have: 03 alone imports all that is left
+    assert imports.covering_labs(record, {"tokenizers"}) == ["solutions/03_c.ipynb"]

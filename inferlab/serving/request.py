@@ -45,6 +45,9 @@ def _token_ids(ids) -> tuple:
         ids = ids.tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         return (ids,)
+    ids = tuple(ids)
+    if set(map(type, ids)) <= {int}:  # the usual case, checked at C speed
+        return ids
     return tuple(int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
                  for t in ids)
 
