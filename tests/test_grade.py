@@ -5,11 +5,13 @@ exercise cell replaced by the solution's), unattempted (the lab as it is), one w
 syntax error, one that calls the reference, an infinite loop, a crash, a file that is not JSON,
 and forgeries. Three grader calls in the CPU profile (conftest sets INFERLAB_PROFILE=cpu):
 
-- the whole lab, correct and unattempted, two at a time, and the file that is not JSON;
+- the whole lab, unattempted (so one unsolved lab runs from top to bottom through the grader:
+  the learner's-install test runs only Lab 9 whole), and the file that is not JSON;
 - two at a time, the lab cut down to its imports, exercises, check lines and summary cell
-  (what the grader reads; the probes and figures in between take most of a full run's time):
-  the wrong, the syntax error, the reference-calling and the crashing submissions, and every
-  forgery, under a memory limit; the ones graded after the crash show that it stopped nothing;
+  (what the grader reads; the probes and figures in between take most of a full run's time,
+  and the book build runs the solved lab whole): the correct, the wrong, the syntax error, the
+  reference-calling and the crashing submissions, and every forgery, under a memory limit; the
+  ones graded after the crash show that it stopped nothing;
 - the endless notebook (cut down too) with a short timeout, then one more, which shows that a
   notebook that hangs does not stop the next one.
 """
@@ -53,6 +55,7 @@ def planted(root, tmp_path_factory) -> dict[str, Path]:
     correct = copy.deepcopy(lab)
     for i in _exercise_cells(lab):
         correct.cells[i].source = solution.cells[i].source
+    correct = _cut_down(correct, summary=True)
     short = _cut_down(solution, summary=True)
     wrong, syntax, uses, loop, crash = (copy.deepcopy(short) for _ in range(5))
     first = _cell_of(loop, "Exercise 1.1a")
@@ -96,8 +99,8 @@ def _grade_cli(paths, *options, cwd) -> tuple[int, dict, float]:
 
 
 EXECUTED = {}  # name: the executed notebook the grader saved (what the learner would see)
-WHOLE = ["correct", "unattempted", "notjson"]  # the whole lab
-CUT = ["wrong", "syntax", "uses"]              # the lab cut down, graded with the forgeries
+WHOLE = ["unattempted", "notjson"]               # the whole lab
+CUT = ["correct", "wrong", "syntax", "uses"]     # the lab cut down, graded with the forgeries
 
 
 def _keep_executed(folder: Path, names: list[str]) -> None:
@@ -109,8 +112,8 @@ def _keep_executed(folder: Path, names: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def full_runs(planted, cut_runs, tmp_path_factory):
-    """correct, unattempted and not-JSON in one call, two at a time, each executed notebook
-    saved; with the wrong, syntax-error and reference-calling ones from the cut-down call."""
+    """unattempted and not-JSON in one call, each executed notebook saved; with the correct,
+    wrong, syntax-error and reference-calling ones from the cut-down call."""
     saved = tmp_path_factory.mktemp("executed")
     code, report, _ = _grade_cli([planted[n] for n in WHOLE], "--timeout", "400", "--jobs", "2",
                                  "--executed-dir", str(saved),
