@@ -135,7 +135,7 @@ def test_designs_cover_every_split_at_equal_gpus():
 
 # -- goodput: the one steady-state machinery on a cluster ----------------------------------------
 SHORT = Workload.fixed(20, 30)
-SMALL_SEARCH = dict(n0=100, n_max=800, criterion=Criterion(min_requests=200, p99_rtol=0.2))
+SMALL_SEARCH = dict(n0=50, n_max=400, criterion=Criterion(min_requests=100, p99_rtol=0.2))
 
 
 def test_a_cluster_is_measured_by_the_same_window_as_one_engine():

@@ -151,8 +151,7 @@ def test_lab_1s_explorer_leaves_its_static_figure_in_the_notebook(root, tmp_path
                 nbformat.v4.new_code_cell(explorer)]
     # a client that waits in slices (inferlab.course.runner.slice_waits): this cell's widgets
     # once left the plain client waiting out the whole 180-s timeout with the kernel idle
-    runner._sliced_client()(nb, timeout=180, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    runner.execute(nb, tmp_path, timeout=180)
     kinds = [next(iter(sorted(o.get("data", {})))) if o.get("data") else o["output_type"]
              for o in nb.cells[1].outputs]
     assert "image/png" in kinds, kinds

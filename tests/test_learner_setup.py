@@ -229,15 +229,13 @@ def test_labs_importing_everything_run_to_their_end_in_the_learner_s_install(lea
     out = learner.labs / f"executed_{lab}"
     # Executed as nbconvert would (nbclient, the venv's python3 kernel, the lab's folder as its
     # working directory), with one difference: the kernel client waits in slices
-    # (inferlab.course.runner.slice_waits). nbconvert's client waits for a cell's reply as long
+    # (inferlab.course.runner.execute). nbconvert's client waits for a cell's reply as long
     # as the cell's timeout when ZeroMQ's wake-up is missed (Lab 1 took 218 s in one CI run
     # here, 33 s in the same run's book build); a cell that really runs past 180 s still fails.
     script = ("import sys, nbformat\n"
-              "from inferlab.course.runner import _sliced_client\n"
+              "from inferlab.course.runner import execute\n"
               "nb = nbformat.read(sys.argv[1], as_version=4)\n"
-              "_sliced_client()(nb, timeout=180, kernel_name='python3',\n"
-              "                 resources={'metadata': {'path': str(sys.argv[3])}}).execute()\n"
-              "nbformat.write(nb, sys.argv[2])\n")
+              "nbformat.write(execute(nb, sys.argv[3], timeout=180), sys.argv[2])\n")
     done = learner.run(learner.python, "-c", script, learner.labs / lab, out, learner.labs)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     executed = nbformat.read(out, as_version=4)

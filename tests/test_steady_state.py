@@ -124,7 +124,7 @@ def usual_capacity() -> ss.SLOCapacity:
     """The search at SLO_FIXED with the usual criterion (two tests read it; it takes a while)."""
     return ss.capacity_at_slo(WORK, SERVE, SLO(ttft_s=0.5, tpot_s=0.05),
                               0.5 * ss.saturation_estimate(WORK, Fixed(), CONFIG), target=0.9,
-                              n0=400, n_max=3200)
+                              n0=200, n_max=1600)
 
 
 def test_capacity_under_an_slo_sits_below_saturation():
@@ -165,7 +165,7 @@ def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
     the answer that was tried misses or stayed undecided after its trace was grown."""
     start = 0.5 * CAPACITY
     usual = usual_capacity()
-    strict = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=400, n_max=3200,
+    strict = ss.capacity_at_slo(WORK, SERVE, SLO_FIXED, start, n0=200, n_max=1600,
                                 criterion=NEVER)
     assert strict.criterion == NEVER and strict.target == 0.9
     assert strict.rate > 0.5 * CAPACITY
@@ -173,7 +173,7 @@ def test_the_search_is_not_held_down_by_a_trace_that_never_settles():
     assert strict.verdict(strict.state) == ss.MEETS
     for p in strict.probes:
         if strict.verdict(p) == ss.UNDECIDED:   # grown twice past n_max before giving up
-            assert p.window.n_requests == 4 * 3200
+            assert p.window.n_requests == 4 * 1600
         if p.rate > strict.rate:
             assert strict.verdict(p) != ss.MEETS
 

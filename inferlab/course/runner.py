@@ -74,6 +74,16 @@ def _sliced_client():
     return SlicedClient
 
 
+def execute(nb, cwd, timeout: float = 600, kernel_name: str = "python3"):
+    """Execute ``nb`` (an ``nbformat`` notebook) in place from top to bottom, as ``jupyter
+    nbconvert --execute`` would, in a kernel whose working directory is ``cwd``, each cell
+    allowed ``timeout`` seconds; a cell's error raises. The one difference from nbconvert: every
+    wait for a kernel message is made in slices (``slice_waits``). Returns ``nb``."""
+    _sliced_client()(nb, timeout=timeout, kernel_name=kernel_name,
+                     resources={"metadata": {"path": str(cwd)}}).execute()
+    return nb
+
+
 def slice_every_notebook_client() -> None:
     """Make every ``nbclient.NotebookClient`` of this process wait in slices (``slice_waits``):
     for executions that other libraries start (myst-nb's, jupyter-cache's), which take no client
