@@ -10,6 +10,10 @@ will (same reader, same kernel alias, same per-notebook settings), leaves out wh
 not execute (another execution mode, an ``execute: exclude_patterns`` match, a notebook the cache
 already holds) and executes the rest in worker processes, one per core, storing each success in
 the same cache exactly as myst-nb does. When Sphinx then reads a page, myst-nb finds it cached.
+A page with ``execution_mode: force`` (executed at every build, because what it shows comes from
+files other than its code: the model card, the status page) is executed with the rest; as Sphinx
+reads it, myst-nb is handed this build's execution from the cache instead of running it again,
+alone, while the other core waits (the model card alone took 61 s so).
 A notebook that fails here is not stored: myst-nb executes it again as it reads it and reports
 the error the usual way, so a failure looks the same with or without this extension.
 
@@ -55,15 +59,20 @@ def _execute(text: str, cwd: str, timeout: int | None, allow_errors: bool):
     return nbformat.writes(nb), result.time, result.exc_string if result.err else None
 
 
+# the pages with ``execution_mode: force`` that this build has executed (resolved paths)
+_FORCED_AHEAD: set[str] = set()
+
+
 def _to_execute(env, docnames):
-    """(path, notebook, reader format, timeout, allow_errors) for each page in ``docnames`` that
-    myst-nb would execute now: read as ``myst_nb.sphinx_.Parser.parse`` reads it."""
+    """(path, notebook, reader format, timeout, allow_errors, forced) for each page in
+    ``docnames`` that myst-nb would execute now: read as ``myst_nb.sphinx_.Parser.parse`` reads
+    it."""
     from jupyter_cache import get_cache
     from myst_nb.core.nb_to_tokens import nb_node_to_dict
     from myst_nb.core.read import create_nb_reader
 
     base = env.mystnb_config
-    if base.execution_mode != "cache":
+    if base.execution_mode not in ("cache", "force"):
         return None, []
     cache = get_cache(base.execution_cache_path or ".jupyter_cache")
     todo = []
@@ -89,18 +98,20 @@ def _to_execute(env, docnames):
                 config = base.copy(**overrides)
             except Exception:  # myst-nb warns about it as it reads the page
                 continue
-        if config.execution_mode != "cache":
+        forced = config.execution_mode == "force"
+        if not forced and config.execution_mode != "cache":
             continue
         posix = PurePosixPath(path.as_posix())
         if any(posix.match(p) for p in config.execution_excludepatterns or ()):
             continue
-        try:
-            cache.match_cache_notebook(nb)
-            continue                  # already executed, code unchanged
-        except KeyError:
-            pass
+        if not forced:
+            try:
+                cache.match_cache_notebook(nb)
+                continue                  # already executed, code unchanged
+            except KeyError:
+                pass
         todo.append((path, nb, reader.read_fmt, config.execution_timeout,
-                     config.execution_allow_errors))
+                     config.execution_allow_errors, forced))
     return cache, todo
 
 
@@ -114,8 +125,9 @@ def execute_ahead(app, env, docnames):
     cache, todo = _to_execute(env, docnames)
     if len(todo) < 2:
         return                        # nothing to overlap: myst-nb runs it as it reads
-    # the solved labs first: they are the longest, and a long one last would run alone
-    todo.sort(key=lambda t: (not t[0].parts[-2] == "solutions", str(t[0])))
+    # the solved labs and the forced pages first: they are the longest (the model card 61 s), and
+    # a long one last would run alone
+    todo.sort(key=lambda t: (not (t[0].parts[-2] == "solutions" or t[5]), str(t[0])))
     logger.info(f"[parallel_execute] executing {len(todo)} notebooks in {jobs} processes")
     start = time.perf_counter()
     # Each kernel gets its share of the cores for torch's intra-op threads (a lab that times
@@ -128,9 +140,10 @@ def execute_ahead(app, env, docnames):
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
             futures = {pool.submit(_execute, nbformat.writes(nb), str(path.parent), timeout,
-                                   allow): (path, fmt) for path, nb, fmt, timeout, allow in todo}
+                                   allow): (path, fmt, forced)
+                       for path, nb, fmt, timeout, allow, forced in todo}
             for future in as_completed(futures):
-                path, fmt = futures[future]
+                path, fmt, forced = futures[future]
                 try:
                     text, seconds, error = future.result()
                 except Exception as exc:  # a worker died: myst-nb executes the page itself
@@ -146,6 +159,8 @@ def execute_ahead(app, env, docnames):
                     CacheBundleIn(nbformat.reads(text, as_version=4), record.uri,
                                   data={"execution_seconds": seconds}),
                     check_validity=False, overwrite=True)
+                if forced:
+                    _FORCED_AHEAD.add(str(path.resolve()))
                 logger.info(f"[parallel_execute] {path}: executed in {seconds:.2f} seconds")
     finally:  # myst-nb's own executions, if any, get the whole machine again
         if threads is None:
@@ -156,10 +171,32 @@ def execute_ahead(app, env, docnames):
                 f"{time.perf_counter() - start:.1f} s")
 
 
+def _read_forced_from_cache() -> None:
+    """Make myst-nb read a page with ``execution_mode: force`` that this build has already
+    executed (``_FORCED_AHEAD``) from the cache, where that execution is, as for a page of mode
+    ``cache``; every other page as before. Its code is unchanged since, so the cache matches it;
+    if it did not, myst-nb would execute the page as it reads it, as in mode ``force``."""
+    import myst_nb.sphinx_ as sphinx_
+
+    create = sphinx_.create_client
+    if getattr(create, "_reads_forced_from_cache", False):
+        return
+
+    def create_client(notebook, source, nb_config, logger, read_fmt=None):
+        if nb_config.execution_mode == "force" and \
+                str(Path(str(source)).resolve()) in _FORCED_AHEAD:
+            nb_config = nb_config.copy(execution_mode="cache")
+        return create(notebook, source, nb_config, logger, read_fmt)
+
+    create_client._reads_forced_from_cache = True
+    sphinx_.create_client = create_client
+
+
 def setup(app):
     from inferlab.course.runner import slice_every_notebook_client
 
     slice_every_notebook_client()   # myst-nb's own executions in this process
+    _read_forced_from_cache()
     # after myst-nb's builder-inited handler has set env.mystnb_config
     app.connect("env-before-read-docs", execute_ahead)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
