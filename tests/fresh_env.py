@@ -1,15 +1,16 @@
 """One fresh virtual environment for the two install tests of a session: Colab's
-(tests/test_colab_setup.py) and then the learner's (tests/test_learner_setup.py).
+(tests/colab_setup.py, collected in tests/test_learner_setup.py) and then the learner's.
 
 Both start the same way, a plain venv (not ``--system-site-packages``: this machine's Python
 has inferlab installed in editable mode, which such a venv would see) into which pip puts
 torch's CPU wheel first, with NumPy and matplotlib, the packages Colab ships preinstalled
 (``PREINSTALL``; pip reads this machine's configured local indexes, so nothing is downloaded).
 Making that environment once instead of twice spares the second torch install. The Colab test
-runs first (pytest collects the files in name order): it installs the package as a lab's setup
-cell does, checks it and uninstalls it again, leaving torch, NumPy, matplotlib and the package's
-own requirements, all of which the learner's ``pip install -e ".[labs]"`` installs anyway; the
-learner's test then installs from there, so what the labs find is what that command gives.
+runs first (the learner's test file imports it before its own tests): it installs the package
+as a lab's setup cell does, checks it and uninstalls it again, leaving torch, NumPy,
+matplotlib and the package's own requirements, all of which the learner's ``pip install -e
+".[labs]"`` installs anyway; the learner's test then installs from there, so what the labs find
+is what that command gives.
 A test run alone makes the environment itself.
 """
 

@@ -6,7 +6,7 @@ import them all run to their end in it.
     python -m pip install -e ".[labs]"
     cp -r labs my-labs && jupyter lab my-labs
 
-The environment is the plain venv tests/test_colab_setup.py used before (tests/fresh_env.py:
+The environment is the plain venv tests/colab_setup.py used before (tests/fresh_env.py:
 one venv a session, so torch is installed once): pip reads this machine's configured local
 indexes so that nothing is downloaded, and torch went in first from the CPU wheel on disk, as
 the setup page tells a Linux learner without a GPU to do; the install must then keep it. What
@@ -51,6 +51,11 @@ import nbformat
 import pytest
 from packaging.requirements import Requirement
 
+# Colab's tests first, in this file, so that they run on this file's worker and the venv they
+# make serves this file's tests too (tests/colab_setup.py; making it takes about 45 s)
+from colab_setup import (  # noqa: F401
+    test_dependencies_are_ranges_that_colabs_preinstalled_versions_satisfy,
+    test_setup_cell_installs_inferlab_in_a_fresh_runtime)
 from fresh_env import shared_venv
 from inferlab.course import imports
 

@@ -7,7 +7,10 @@ would then skip the install it is meant to test). Into it go first the packages 
 preinstalled (torch, NumPy, matplotlib), from the pip configuration of this machine (torch's
 CPU wheel lies in /opt/wheels; nothing is downloaded when the configured indexes are local).
 That environment is made once per session and shared with the learner's install test, which
-runs after this one (tests/fresh_env.py); this test leaves it without inferlab. Then the setup
+runs after this one: tests/test_learner_setup.py imports this module's tests, so pytest
+collects them there, first, and pytest-xdist (which hands out a test file at a time) runs both
+on one worker, where one venv serves both (tests/fresh_env.py); this test leaves it without
+inferlab. Then the setup
 cell of every lab runs, as extracted from the notebook, with the repository's URL
 replaced by this checkout's path; then the test imports the package from the venv and reads its
 data. The wheel pip built from pyproject.toml must carry the data tables (hatchling's
