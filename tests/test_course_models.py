@@ -1,6 +1,8 @@
 """The committed course models: they load through the same path as a hub checkpoint, their
-tokenizer round-trips the held-out text, they meet the quality bars on the test split, and they
-end their own generations."""
+tokenizer round-trips the held-out text, and they end their own generations. The quality bars
+on the whole test split (the target under half the unigram baseline's bits per byte, the draft
+between them) are asserted by the model card (book/model_card.md), which every build executes
+and which fails the build if a bar is missed: scoring the split again here took 30 to 40 s."""
 
 import re
 from pathlib import Path
@@ -12,7 +14,6 @@ from inferlab.data import data_path
 from inferlab.model import corpus
 from inferlab.model.config import ModelConfig
 from inferlab.model.generate import generate
-from inferlab.model.quality import Unigram, score
 from inferlab.model.weights import checkpoint_path, load_checkpoint, load_tokenizer
 
 pytest.importorskip("tokenizers")
@@ -59,15 +60,6 @@ def test_tokenizer_round_trips_every_held_out_file_exactly(tokenizer):
     for split in corpus.HELD_OUT:
         for doc in corpus.held_out(split):
             assert tokenizer.decode(tokenizer.encode(doc.text)) == doc.text, doc.path
-
-
-def test_quality_bars_on_the_test_split(models, tokenizer):
-    docs = corpus.documents(corpus.held_out("test"))
-    baseline = Unigram.course().score(tokenizer, docs).bits_per_byte
-    target = score(models["course-target"], tokenizer, docs).bits_per_byte
-    draft = score(models["course-draft"], tokenizer, docs).bits_per_byte
-    assert target < 0.5 * baseline, (target, baseline)
-    assert target < draft < baseline, (target, draft, baseline)
 
 
 def test_the_target_ends_definitions_with_the_end_of_sequence_token(models, tokenizer):
