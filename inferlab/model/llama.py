@@ -137,7 +137,13 @@ class Backbone(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        # nn.Embedding's default init, except on the meta device (build_model), where there is
+        # nothing to fill: there torch runs normal_ through a Python decomposition whose first
+        # call imports torch._dynamo, 2.5 s of every process that builds a model
+        weight = torch.empty(config.vocab_size, config.d_model)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
 
