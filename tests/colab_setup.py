@@ -10,10 +10,9 @@ That environment is made once per session and shared with the learner's install 
 runs after this one: tests/test_learner_setup.py imports this module's tests, so pytest
 collects them there, first, and pytest-xdist (which hands out a test file at a time) runs both
 on one worker, where one venv serves both (tests/fresh_env.py); this test leaves it without
-inferlab. Then the setup
-cell of every lab runs, as extracted from the notebook, with the repository's URL
-replaced by this checkout's path; then the test imports the package from the venv and reads its
-data. The wheel pip built from pyproject.toml must carry the data tables (hatchling's
+inferlab. Then the setup cell of every lab runs, as extracted from the notebook, with the
+repository's URL replaced by this checkout's path; then the test imports the package from the
+venv and reads its data. The wheel pip built from pyproject.toml must carry the data tables (hatchling's
 force-include of data/ as inferlab/data).
 
 The second test checks pyproject's dependency ranges against the versions Colab has shipped

@@ -17,14 +17,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # that). Without a display, matplotlib picks Agg by itself in this process anyway.
 os.environ.pop("MPLBACKEND", None)
 
-# Each of pytest-xdist's workers (and every kernel, server and rank it starts) gets an equal
-# share of the cores for torch's intra-op threads. Left at torch's default, every worker would
-# spread each operation over all the cores, and two workers on two cores would then wait on each
-# other's spinning OpenMP threads (a solved lab ran 1.2 to 2.2 times slower so in a build).
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # The test files that take longest (seconds of one worker in a CI run), longest first. pytest-xdist

@@ -195,11 +195,10 @@ def test_every_distribution_a_lab_imports_is_declared(root):
     fails here, unless the code imports it only where it is installed (``ONLY_IF_INSTALLED``,
     and what those bring with them)."""
     imported = {d for row in IMPORTS["labs"].values() for d in row["distributions"]}
-    optional = OPTIONAL
 
     def undeclared(requirements):
         declared = declared_closure(requirements)
-        return {d for d in imported if _canonical(d) not in declared | optional}
+        return {d for d in imported if _canonical(d) not in declared | OPTIONAL}
 
     assert not undeclared(learner_requirements(root)), "the learner's install lacks these"
     # the check fails on the bug of issue 37: tokenizers imported, not required
@@ -209,10 +208,9 @@ def test_every_distribution_a_lab_imports_is_declared(root):
 def test_the_learner_s_install_imports_what_every_lab_imported(learner):
     """Every top-level module any solved lab imported, imported in the learner's venv (but for
     those of ``ONLY_IF_INSTALLED`` and what only they bring)."""
-    optional = OPTIONAL
     modules = sorted({m for row in IMPORTS["labs"].values()
                       for dist, names in row["distributions"].items()
-                      if _canonical(dist) not in optional for m in names})
+                      if _canonical(dist) not in OPTIONAL for m in names})
 
     def probe(names):
         return ("import importlib, sys\nmissing = []\n"

@@ -130,43 +130,30 @@ def execute_ahead(app, env, docnames):
     todo.sort(key=lambda t: (not (t[0].parts[-2] == "solutions" or t[5]), str(t[0])))
     logger.info(f"[parallel_execute] executing {len(todo)} notebooks in {jobs} processes")
     start = time.perf_counter()
-    # Each kernel gets its share of the cores for torch's intra-op threads (a lab that times
-    # something picks its thread count from the idle cores within that). With torch's default,
-    # every kernel spreads each operation over all the cores, and the kernels running side by
-    # side wait on each other's spinning OpenMP threads: the solved labs ran 1.2 to 2.2 times
-    # slower than alone. The workers, and the kernels they start, inherit it.
-    threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = threads or str(max(1, (os.cpu_count() or 1) // jobs))
-    try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_execute, nbformat.writes(nb), str(path.parent), timeout,
-                                   allow): (path, fmt, forced)
-                       for path, nb, fmt, timeout, allow, forced in todo}
-            for future in as_completed(futures):
-                path, fmt, forced = futures[future]
-                try:
-                    text, seconds, error = future.result()
-                except Exception as exc:  # a worker died: myst-nb executes the page itself
-                    logger.info(f"[parallel_execute] {path}: {exc!r}; left to myst-nb")
-                    continue
-                if error is not None:
-                    logger.info(f"[parallel_execute] {path} failed; myst-nb runs it again and "
-                                "reports the error")
-                    continue
-                record = (cache.add_nb_to_project(str(path), read_data=fmt) if fmt is not None
-                          else cache.add_nb_to_project(str(path)))
-                cache.cache_notebook_bundle(
-                    CacheBundleIn(nbformat.reads(text, as_version=4), record.uri,
-                                  data={"execution_seconds": seconds}),
-                    check_validity=False, overwrite=True)
-                if forced:
-                    _FORCED_AHEAD.add(str(path.resolve()))
-                logger.info(f"[parallel_execute] {path}: executed in {seconds:.2f} seconds")
-    finally:  # myst-nb's own executions, if any, get the whole machine again
-        if threads is None:
-            del os.environ["OMP_NUM_THREADS"]
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_execute, nbformat.writes(nb), str(path.parent), timeout,
+                               allow): (path, fmt, forced)
+                   for path, nb, fmt, timeout, allow, forced in todo}
+        for future in as_completed(futures):
+            path, fmt, forced = futures[future]
+            try:
+                text, seconds, error = future.result()
+            except Exception as exc:  # a worker died: myst-nb executes the page itself
+                logger.info(f"[parallel_execute] {path}: {exc!r}; left to myst-nb")
+                continue
+            if error is not None:
+                logger.info(f"[parallel_execute] {path} failed; myst-nb runs it again and "
+                            "reports the error")
+                continue
+            record = (cache.add_nb_to_project(str(path), read_data=fmt) if fmt is not None
+                      else cache.add_nb_to_project(str(path)))
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nbformat.reads(text, as_version=4), record.uri,
+                              data={"execution_seconds": seconds}),
+                check_validity=False, overwrite=True)
+            if forced:
+                _FORCED_AHEAD.add(str(path.resolve()))
+            logger.info(f"[parallel_execute] {path}: executed in {seconds:.2f} seconds")
     logger.info(f"[parallel_execute] {len(todo)} notebooks in "
                 f"{time.perf_counter() - start:.1f} s")
 
